@@ -1,0 +1,145 @@
+"""Estimator factories and array handling for the CPU (scikit-learn) and GPU (cuML) backends."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rapids_attn.errors import BackendUnavailableError
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to this process, without initialising CUDA in a way that breaks forking."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _cuml_available() -> bool:
+    return importlib.util.find_spec("cuml") is not None and importlib.util.find_spec("cupy") is not None
+
+
+@dataclass
+class LearnBackend:
+    """Where the fit runs. ``name`` is "sklearn" or "cuml"; ``xp`` is numpy or cupy."""
+
+    name: str
+    reason: str
+    xp: Any = field(default=np, repr=False)
+
+    @property
+    def gpu(self) -> bool:
+        return self.name == "cuml"
+
+    # -- arrays ---------------------------------------------------------------------------------
+    def read(self, array, sl) -> Any:
+        """Read a block of a zarr array as float32 on the backend's device.
+
+        On the GPU, zarr's GPU mode decodes zstd chunks with nvCOMP into device memory, so the
+        block arrives as a CuPy array without passing through host memory decoded.
+        """
+        if not self.gpu:
+            return np.asarray(array[sl], dtype=np.float32)
+        import zarr
+
+        with zarr.config.enable_gpu():
+            gpu_array = zarr.open_array(array.store, path=array.path, mode="r")
+            return self.xp.asarray(gpu_array[sl], dtype=self.xp.float32)
+
+    def asarray(self, x) -> Any:
+        return self.xp.asarray(x, dtype=self.xp.float32)
+
+    def to_numpy(self, x) -> np.ndarray:
+        if self.gpu and not isinstance(x, np.ndarray):
+            return self.xp.asnumpy(x)
+        return np.asarray(x)
+
+    # -- estimators ------------------------------------------------------------------------------
+    def pca(self, n_components: int, seed: int):
+        if self.gpu:
+            from cuml.decomposition import PCA
+        else:
+            from sklearn.decomposition import PCA
+        return PCA(n_components=n_components, random_state=seed)
+
+    def kmeans(self, n_clusters: int, seed: int):
+        if self.gpu:
+            from cuml.cluster import KMeans
+        else:
+            from sklearn.cluster import KMeans
+        return KMeans(n_clusters=n_clusters, random_state=seed, n_init=4)
+
+    def dbscan(self, eps: float, min_samples: int):
+        if self.gpu:
+            from cuml.cluster import DBSCAN
+        else:
+            from sklearn.cluster import DBSCAN
+        return DBSCAN(eps=eps, min_samples=min_samples)
+
+    def hdbscan(self, min_cluster_size: int, min_samples: int):
+        if self.gpu:
+            from cuml.cluster import HDBSCAN
+
+            return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True)
+        from sklearn.cluster import HDBSCAN
+
+        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples)
+
+    def umap(self, n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+        if self.gpu:
+            from cuml.manifold import UMAP
+        else:
+            try:
+                from umap import UMAP
+            except ImportError:
+                raise BackendUnavailableError("reduce.umap.enabled: umap-learn is not installed; pip install umap-learn") from None
+        return UMAP(n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric,
+                    random_state=seed)
+
+    def nearest_neighbors(self):
+        if self.gpu:
+            from cuml.neighbors import NearestNeighbors
+        else:
+            from sklearn.neighbors import NearestNeighbors
+        return NearestNeighbors(n_neighbors=1)
+
+    def silhouette(self, x, labels, sample: int, seed: int) -> float | None:
+        """Silhouette score on a seeded sample of the non-noise points (None when undefined)."""
+        from sklearn.metrics import silhouette_score
+
+        x = self.to_numpy(x)
+        labels = self.to_numpy(labels)
+        keep = labels >= 0
+        x, labels = x[keep], labels[keep]
+        if sample == 0 or len(np.unique(labels)) < 2 or len(labels) < 3:
+            return None
+        rng = np.random.default_rng(seed)
+        if len(labels) > sample:
+            idx = rng.choice(len(labels), sample, replace=False)
+            x, labels = x[idx], labels[idx]
+            if len(np.unique(labels)) < 2:
+                return None
+        return float(silhouette_score(x, labels))
+
+
+def resolve_learn_backend(pref: str) -> LearnBackend:
+    """``auto``: cuML when it is importable and a GPU is visible, else scikit-learn (saying why)."""
+    if pref == "cpu":
+        return LearnBackend("sklearn", "runtime.learn_backend is cpu")
+    has_gpu = cuda_device_count() > 0
+    has_cuml = _cuml_available()
+    if has_gpu and has_cuml:
+        import cupy
+
+        return LearnBackend("cuml", f"cuML on {cuda_device_count()} visible GPU(s)", xp=cupy)
+    if pref == "gpu":
+        missing = "no CUDA device is visible" if not has_gpu else "cuML is not installed (pip install 'rapids_attn[gpu]')"
+        raise BackendUnavailableError(f"runtime.learn_backend: gpu requested but {missing}; set it to auto or cpu")
+    why = "no CUDA device" if not has_gpu else "cuML not installed"
+    return LearnBackend("sklearn", f"scikit-learn ({why})")

@@ -1,0 +1,23 @@
+"""The one record type that flows from readers into extraction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Example:
+    """One input to the model.
+
+    id:        stable identifier from the dataset (SQuAD question id, a JSONL field, or the line number).
+    text:      the first (or only) text segment.
+    text_pair: the second segment of a text pair (SQuAD: the context), or None.
+    group:     a grouping label used when explaining clusters (SQuAD: the article title), or "".
+    label:     a class label (SQuAD: "answerable" / "impossible"), or "".
+    """
+
+    id: str
+    text: str
+    text_pair: str | None = None
+    group: str = ""
+    label: str = ""

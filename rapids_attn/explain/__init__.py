@@ -1,0 +1,1 @@
+"""Phase 3: turn the store into tables and a summary (``maps.parquet``, ``summary.json``)."""

@@ -1,0 +1,134 @@
+"""``maps.parquet`` (one row per map) and ``summary.json`` (counts, backend, timings, clusters).
+
+Both are written to a temporary name and renamed into place, so a failed run never leaves a
+half-written table that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rapids_attn import __version__
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def write_maps_table(g, path: Path) -> int:
+    """One row per map: example index and id, group, label, layer, head, cluster, x, y, stats."""
+    feats = g["features"]
+    e, nl, nh, _ = feats.shape
+    rows = feats.chunks[0]
+    layers = np.asarray(g["layer"][:], dtype=np.int16)
+    heads = np.asarray(g["head"][:], dtype=np.int16)
+    stat_names = [str(s) for s in g["stat"][:]]
+    ids = np.asarray(g["example_id"][:]).astype(object)
+    groups = np.asarray(g["example_group"][:]).astype(object)
+    labels = np.asarray(g["example_label"][:]).astype(object)
+    tmp = path.with_suffix(".parquet.tmp")
+    writer = None
+    total = 0
+    try:
+        for start in range(0, e, rows):
+            stop = min(start + rows, e)
+            m = stop - start
+            ex = np.repeat(np.arange(start, stop, dtype=np.int32), nl * nh)
+            cols = {
+                "example_index": ex,
+                "example_id": pa.array(ids[ex], pa.string()),
+                "group": pa.array(groups[ex], pa.string()),
+                "label": pa.array(labels[ex], pa.string()),
+                "layer": np.tile(np.repeat(layers, nh), m),
+                "head": np.tile(np.tile(heads, nl), m),
+                "cluster": np.asarray(g["cluster"][start:stop]).reshape(-1),
+            }
+            xy = np.asarray(g["coords"][start:stop]).reshape(-1, 2)
+            cols["x"], cols["y"] = xy[:, 0], xy[:, 1]
+            st = np.asarray(g["stats"][start:stop]).reshape(-1, len(stat_names))
+            for i, name in enumerate(stat_names):
+                cols[name] = st[:, i]
+            table = pa.table(cols)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+            writer.write_table(table)
+            total += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    tmp.replace(path)
+    return total
+
+
+def _devices() -> dict:
+    info = {"host": platform.node(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        pass
+    return info
+
+
+def write_outputs(plan, g, runtime_desc: dict, extract_info: dict | None) -> dict:
+    """Write maps.parquet; return the summary dict (the caller adds the explain time and saves it)."""
+    n_rows = write_maps_table(g, plan.run_dir / "maps.parquet")
+    layout = plan.layout
+    seq = np.asarray(g["seq_len"][:])
+    trunc = np.asarray(g["truncated"][:], dtype=bool)
+    learn = dict(g.attrs.get("learn", {}))
+    runs = list(g.attrs.get("extract_runs", []))
+    return {
+        "rapids_attn_version": __version__,
+        "job": plan.cfg.name,
+        "run_dir": str(plan.run_dir),
+        "model": dict(g.attrs.get("model", {})),
+        "data": {"path": str(plan.cfg.data.path), "format": plan.cfg.data.format},
+        "counts": {
+            "examples": int(layout.n_examples),
+            "layers": len(layout.layers),
+            "heads": len(layout.heads),
+            "maps": int(n_rows),
+            "truncated_examples": int(trunc.sum()),
+            "tokens": int(seq.sum()),
+            "mean_tokens": float(seq.mean()) if len(seq) else 0.0,
+            "max_tokens": int(seq.max()) if len(seq) else 0,
+            "shards": layout.n_shards,
+        },
+        "embedding": {"name": plan.cfg.embed.name, "dim": layout.feature_dim, "image_size": layout.image_size},
+        "backend": {
+            "extract_devices": sorted({d for r in runs for d in r.get("devices", [])}),
+            "learn": learn.get("backend"),
+            "learn_reason": learn.get("backend_reason"),
+            "multi_gpu_learn": learn.get("multi_gpu", False),
+            "runtime": runtime_desc,
+            "machine": _devices(),
+        },
+        "extract": {"this_run": extract_info, "runs": runs},
+        "clusters": {
+            "method": learn.get("method"),
+            "n_clusters": learn.get("n_clusters"),
+            "sizes": learn.get("cluster_sizes"),
+            "noise_share": learn.get("noise_share"),
+            "silhouette": learn.get("silhouette"),
+            "silhouette_sample": learn.get("silhouette_sample"),
+            "n_fit": learn.get("n_fit"),
+            "pca_components": learn.get("pca_components"),
+            "pca_explained_variance": learn.get("pca_explained_variance"),
+            "umap": learn.get("umap"),
+            "learn_seconds": learn.get("seconds"),
+        },
+        "seconds": {k: round(v, 3) for k, v in plan.timings.items()},
+    }

@@ -1,0 +1,68 @@
+"""Tokenize a shard's examples and group them into length-bucketed batches under a token budget.
+
+Examples are sorted by length and packed greedily so that ``batch size x longest input in the
+batch`` stays within ``token_budget``: short inputs share big batches, long ones small batches,
+and no batch is padded to the longest input of the dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from rapids_attn.data.example import Example
+
+
+@dataclass
+class Tokenized:
+    input_ids: list[list[int]]  # per example, truncated to max_length
+    truncated: list[bool]       # True where the input was longer than max_length
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+
+def _encode(tokenizer, examples: list[Example], truncation: bool, max_length: int | None) -> list[list[int]]:
+    texts = [e.text for e in examples]
+    pairs = [e.text_pair for e in examples]
+    kwargs = dict(truncation="longest_first" if truncation else False, max_length=max_length if truncation else None)
+    if any(p is not None for p in pairs):
+        if not all(p is not None for p in pairs):
+            raise ValueError("a shard mixes single texts and text pairs")
+        return tokenizer(texts, pairs, **kwargs)["input_ids"]
+    return tokenizer(texts, **kwargs)["input_ids"]
+
+
+def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
+    """Tokenize with the model's special tokens; inputs over ``max_length`` are truncated (longest
+    segment first, so a SQuAD context is cut before its question) and flagged."""
+    # silence "Token indices sequence length is longer than the specified maximum" for the full pass
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
+    full = _encode(tokenizer, examples, truncation=False, max_length=None)
+    long = [i for i, ids in enumerate(full) if len(ids) > max_length]
+    if long:
+        cut = _encode(tokenizer, [examples[i] for i in long], truncation=True, max_length=max_length)
+        for i, ids in zip(long, cut):
+            full[i] = ids
+    truncated = [False] * len(full)
+    for i in long:
+        truncated[i] = True
+    return Tokenized(input_ids=full, truncated=truncated)
+
+
+def length_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:
+    """Indices grouped so that len(batch) * max(length in batch) <= token_budget (a single input
+    longer than the budget still gets a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and ((len(cur) + 1) * longest > token_budget or len(cur) >= max_batch_size):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches

@@ -1,0 +1,99 @@
+"""Capture attention weights layer by layer while the forward pass runs.
+
+transformers 5 models name the module whose output holds the attention weights in
+``_can_record_outputs["attentions"]`` (a class, or an ``OutputRecorder`` with the class, the index
+of the weights in the module's output and a name filter). We hook those modules directly, so each
+layer's maps are handed to ``sink(layer_index, weights)`` and reduced before the next layer runs:
+one batch never holds every layer's full-size maps at once. Models that do not declare it (older or
+remote-code architectures) fall back to ``output_attentions=True``; both paths give the same maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rapids_attn.errors import ModelError
+
+Sink = Callable[[int, torch.Tensor], None]  # (layer index, weights [batch, head, q, k])
+
+
+def _recorder_spec(model) -> tuple[type, int, str | None] | None:
+    spec = getattr(model, "_can_record_outputs", None) or {}
+    target = spec.get("attentions")
+    if target is None:
+        return None
+    if isinstance(target, type):
+        return target, 1, None
+    cls = getattr(target, "target_class", None)
+    if cls is None:
+        return None
+    return cls, int(getattr(target, "index", 1)), getattr(target, "layer_name", None)
+
+
+def attention_modules(model) -> tuple[list[torch.nn.Module], int] | None:
+    """The self-attention modules in layer order, and where their output holds the weights."""
+    spec = _recorder_spec(model)
+    if spec is None:
+        return None
+    cls, index, layer_name = spec
+    mods = [
+        m for name, m in model.named_modules()
+        if isinstance(m, cls) and (layer_name is None or name.endswith(layer_name))
+    ]
+    return (mods, index) if mods else None
+
+
+class AttentionCapture:
+    """Run ``forward(**batch)`` and send every layer's attention weights to ``sink`` as they appear."""
+
+    def __init__(self, model, n_layers: int, use_hooks: bool = True):
+        self.model = model
+        self.n_layers = n_layers
+        found = attention_modules(model) if use_hooks else None
+        if found is not None and len(found[0]) != n_layers:
+            found = None  # e.g. cross-attention modules share the class: do not guess, fall back
+        self.modules, self.index = found if found is not None else ([], 1)
+        self.mode = "hooks" if self.modules else "output_attentions"
+
+    @torch.inference_mode()
+    def run(self, batch: dict, sink: Sink) -> None:
+        if self.mode == "output_attentions":
+            out = self.model(**batch, output_attentions=True)
+            atts = getattr(out, "attentions", None)
+            if atts is None or len(atts) != self.n_layers or any(a is None for a in atts):
+                raise ModelError(
+                    f"model.name: {type(self.model).__name__} returned no attention weights; "
+                    "it must support eager attention with output_attentions"
+                )
+            for i, a in enumerate(atts):
+                sink(i, a)
+            return
+
+        seen: list[int] = []
+
+        def make_hook(layer: int):
+            def hook(_module, _inputs, output):
+                w = output[self.index] if isinstance(output, tuple) and len(output) > self.index else None
+                if w is None or not torch.is_tensor(w) or w.dim() != 4:
+                    raise ModelError(
+                        f"model.name: layer {layer} of {type(self.model).__name__} returned no attention weights; "
+                        "it must run eager attention"
+                    )
+                seen.append(layer)
+                sink(layer, w)
+
+            return hook
+
+        handles = [m.register_forward_hook(make_hook(i)) for i, m in enumerate(self.modules)]
+        try:
+            self.model(**batch)
+        finally:
+            for h in handles:
+                h.remove()
+        if len(seen) != self.n_layers:
+            raise ModelError(
+                f"model.name: captured attention from {len(seen)} of {self.n_layers} layers; "
+                "the model skipped layers or does not expose its attention"
+            )

@@ -1,0 +1,138 @@
+"""Per-map reductions: crop to the real tokens, scalar signature at full resolution, area-resize.
+
+Every map is cropped to ``[:n, :n]`` (n = the example's real token count, right padding) before
+anything else, so padding never enters a map, its image or its stats. The stats are computed on
+the full-resolution crop because area-resizing erases one-token structure: with n = 200 and S = 32
+a previous-token head and a self head are the same picture (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+#: Scalar signature of one map, each a mean over the map's query rows (Clark et al. 2019).
+STAT_NAMES = (
+    "entropy",       # -sum p log p of a row
+    "entropy_norm",  # entropy / log(number of keys the row can see); 0 = one-hot, 1 = uniform
+    "first",         # mass on the first token ([CLS] / BOS)
+    "sep",           # mass on separator / end tokens ([SEP] / EOS) after the first position
+    "punct",         # mass on punctuation tokens
+    "self",          # mass on the query's own position
+    "prev",          # mass on the previous token (rows 1..n-1)
+    "next",          # mass on the next token (rows 0..n-2)
+    "distance",      # mean |i - j| in tokens
+    "max",           # row maximum
+)
+
+
+def punctuation_ids(tokenizer) -> torch.Tensor:
+    """Vocabulary ids whose surface form is only punctuation (word-piece markers stripped)."""
+    vocab = tokenizer.get_vocab()
+    ids = []
+    for token, idx in vocab.items():
+        s = token.lstrip("#").replace("Ġ", "").replace("▁", "").replace("Ċ", "").strip()
+        if s and all(unicodedata.category(c).startswith("P") for c in s):
+            ids.append(idx)
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def separator_ids(tokenizer) -> torch.Tensor:
+    ids = {tokenizer.sep_token_id, tokenizer.eos_token_id}
+    return torch.tensor(sorted(i for i in ids if i is not None), dtype=torch.long)
+
+
+@dataclass
+class TokenMasks:
+    """Boolean masks over a batch's positions: [batch, seq]."""
+
+    sep: torch.Tensor
+    punct: torch.Tensor
+
+    @classmethod
+    def from_ids(cls, input_ids: torch.Tensor, sep_ids: torch.Tensor, punct_ids: torch.Tensor) -> TokenMasks:
+        sep = torch.isin(input_ids, sep_ids.to(input_ids.device))
+        sep[:, 0] = False  # position 0 is counted as "first", never twice
+        punct = torch.isin(input_ids, punct_ids.to(input_ids.device))
+        return cls(sep=sep, punct=punct)
+
+
+def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Scalar signature of cropped maps.
+
+    a: [head, n, n] row-stochastic maps of one example; sep, punct: [n] bool.
+    Returns [head, len(STAT_NAMES)] float32.
+    """
+    a = a.float()
+    h, n, _ = a.shape
+    logs = torch.log(a.clamp_min(1e-30))
+    ent_rows = -(a * logs).sum(-1)  # [h, n]
+    if causal:
+        seen = torch.arange(1, n + 1, device=a.device, dtype=torch.float32)
+    else:
+        seen = torch.full((n,), float(n), device=a.device)
+    valid = seen > 1
+    ent_norm = (ent_rows[:, valid] / torch.log(seen[valid])).mean(-1) if valid.any() else torch.zeros(h, device=a.device)
+    idx = torch.arange(n, device=a.device, dtype=torch.float32)
+    dist = (idx[None, :] - idx[:, None]).abs()  # [n, n]
+    prev = a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h, device=a.device)
+    nxt = a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h, device=a.device)
+    cols = [
+        ent_rows.mean(-1),
+        ent_norm,
+        a[:, :, 0].mean(-1),
+        a[:, :, sep].sum(-1).mean(-1),
+        a[:, :, punct].sum(-1).mean(-1),
+        a.diagonal(dim1=-2, dim2=-1).mean(-1),
+        prev,
+        nxt,
+        (a * dist).sum(-1).mean(-1),
+        a.amax(-1).mean(-1),
+    ]
+    return torch.stack(cols, dim=-1)
+
+
+def area_resize(a: torch.Tensor, size: int) -> torch.Tensor:
+    """[..., n, n] -> [..., size, size] by area averaging (upsampling short maps by replication)."""
+    lead = a.shape[:-2]
+    out = F.adaptive_avg_pool2d(a.float().reshape(-1, 1, *a.shape[-2:]), size)
+    return out.reshape(*lead, size, size)
+
+
+class LayerReducer:
+    """Turns one layer's batch of attention weights into images, thumbnails and stats.
+
+    Preallocates [batch, layers, heads, ...] outputs; ``__call__(layer, weights)`` fills one layer.
+    """
+
+    def __init__(self, lengths: list[int], masks: TokenMasks, layers: list[int], heads: list[int],
+                 image_size: int, thumb_size: int, causal: bool, device):
+        b = len(lengths)
+        self.lengths = lengths
+        self.masks = masks
+        self.layer_pos = {layer: i for i, layer in enumerate(layers)}
+        self.heads = torch.tensor(heads, dtype=torch.long, device=device)
+        self.image_size = image_size
+        self.thumb_size = thumb_size
+        self.causal = causal
+        shape = (b, len(layers), len(heads))
+        self.images = torch.zeros(*shape, image_size, image_size, device=device)  # [batch, layer, head, S, S]
+        self.thumbs = torch.zeros(*shape, thumb_size, thumb_size, device=device) if thumb_size else None
+        self.stats = torch.zeros(*shape, len(STAT_NAMES), device=device)
+
+    def __call__(self, layer: int, weights: torch.Tensor) -> None:
+        pos = self.layer_pos.get(layer)
+        if pos is None:
+            return
+        # weights: [batch, head, q, k]
+        w = weights.index_select(1, self.heads.to(weights.device))
+        for b, n in enumerate(self.lengths):
+            crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
+            self.stats[b, pos] = map_stats(crop, self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal)
+            img = area_resize(crop, self.image_size)
+            self.images[b, pos] = img
+            if self.thumbs is not None:
+                self.thumbs[b, pos] = area_resize(img, self.thumb_size)

@@ -1,0 +1,162 @@
+"""Phase 1 on a worker: one shard of examples -> rows of the store, then its done-marker.
+
+A worker loads the model, tokenizer and embedder once (cached per process, keyed by the job's
+extraction key) and reuses them for every shard it runs. Tasks are small and cheap to pickle
+(the job as a dict, the shard's examples); a shard returns small metadata, never arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rapids_attn.data.example import Example
+from rapids_attn.extract.batching import length_batches, tokenize
+from rapids_attn.extract.capture import AttentionCapture
+from rapids_attn.extract.maps import STAT_NAMES, LayerReducer, TokenMasks, punctuation_ids, separator_ids
+from rapids_attn.store.zarr_store import StoreLayout, write_shard
+
+
+@dataclass
+class ShardTask:
+    job: dict              # JobConfig.to_dict()
+    key: str               # the job's extraction key (also the worker cache key)
+    store_path: str
+    layout: StoreLayout
+    shard: int
+    examples: list[Example]
+    max_length: int
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    n_examples: int
+    n_maps: int
+    n_truncated: int
+    n_tokens: int
+    device: str
+    worker: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def pick_device(pref: str) -> str:
+    if pref == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    if pref == "cuda":
+        raise RuntimeError("extract.device is cuda but this worker sees no CUDA device")
+    return "cpu"
+
+
+class Extractor:
+    """Model, tokenizer, embedder and the capture, loaded once per worker process."""
+
+    def __init__(self, job: dict, layout: StoreLayout, max_length: int):
+        from rapids_attn.embed import build_embedder
+        from rapids_attn.extract.model import load_model, load_tokenizer
+        from rapids_attn.job import JobConfig
+
+        cfg = JobConfig.model_validate(job)
+        self.cfg = cfg
+        self.layout = layout
+        self.max_length = max_length
+        self.device = pick_device(cfg.extract.device)
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.model = load_model(cfg.model, self.device)
+        n_layers = self.model.config.num_hidden_layers
+        self.capture = AttentionCapture(self.model, n_layers)
+        self.embedder = build_embedder(cfg.embed, cfg.extract.image_size, self.device)
+        self.sep_ids = separator_ids(self.tokenizer)
+        self.punct_ids = punctuation_ids(self.tokenizer)
+        # hooks are registered per forward: two threads sharing this extractor must take turns
+        self.lock = threading.Lock()
+        self.causal = self._probe_causal()
+
+    def _probe_causal(self) -> bool:
+        """True when every head of every layer puts no mass above the diagonal (decoder attention)."""
+        ids = self.tokenizer("a b c d e f", return_tensors="pt")["input_ids"][:, :6].to(self.device)
+        upper: list[float] = []
+        self.capture.run({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                         lambda _l, w: upper.append(float(torch.triu(w.float(), diagonal=1).sum())))
+        return max(upper) == 0.0
+
+    def run_batch(self, input_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Forward one batch; return images [b, L, H, S, S], thumbs, stats for its examples."""
+        lengths = [len(x) for x in input_ids]
+        enc = self.tokenizer.pad({"input_ids": input_ids}, padding=True, return_tensors="pt")
+        batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        masks = TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids)
+        reducer = LayerReducer(lengths, masks, self.layout.layers, self.layout.heads,
+                               self.layout.image_size, self.layout.thumb_size, self.causal, self.device)
+        with self.lock:
+            self.capture.run(batch, reducer)
+        return {"images": reducer.images, "thumbnails": reducer.thumbs, "stats": reducer.stats}
+
+    def process(self, task: ShardTask) -> ShardResult:
+        t0 = time.perf_counter()
+        tok = tokenize(self.tokenizer, task.examples, task.max_length)
+        n = len(task.examples)
+        nl, nh = len(self.layout.layers), len(self.layout.heads)
+        s, t = self.layout.image_size, self.layout.thumb_size
+        feats = np.zeros((n, nl, nh, self.layout.feature_dim), dtype=self.layout.features_dtype)
+        stats = np.zeros((n, nl, nh, len(STAT_NAMES)), dtype=np.float32)
+        thumbs = np.zeros((n, nl, nh, t, t), dtype=np.float16) if t else None
+        seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
+        ecfg = self.cfg.extract
+        for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size):
+            t1 = time.perf_counter()
+            out = self.run_batch([tok.input_ids[i] for i in idx])
+            t2 = time.perf_counter()
+            images = out["images"].reshape(-1, s, s)  # [b*L*H, S, S]
+            f = self.embedder(images).reshape(len(idx), nl, nh, -1)
+            feats[idx] = f.cpu().numpy().astype(self.layout.features_dtype)
+            stats[idx] = out["stats"].cpu().numpy()
+            if thumbs is not None:
+                thumbs[idx] = out["thumbnails"].cpu().numpy().astype(np.float16)
+            t3 = time.perf_counter()
+            seconds["forward"] += t2 - t1
+            seconds["embed"] += t3 - t2
+        t4 = time.perf_counter()
+        arrays = {
+            "features": feats,
+            "stats": stats,
+            "seq_len": np.asarray(tok.lengths, dtype=np.int32),
+            "truncated": np.asarray(tok.truncated, dtype=bool),
+        }
+        if thumbs is not None:
+            arrays["thumbnails"] = thumbs
+        write_shard(task.store_path, self.layout, task.shard, arrays)
+        seconds["write"] = time.perf_counter() - t4
+        return ShardResult(
+            shard=task.shard, n_examples=n, n_maps=n * nl * nh, n_truncated=int(sum(tok.truncated)),
+            n_tokens=int(sum(tok.lengths)), device=self.device, worker=f"{os.uname().nodename}:{os.getpid()}",
+            seconds=seconds,
+        )
+
+
+_CACHE: dict[str, Extractor] = {}
+_LOCK = threading.Lock()
+
+
+def get_extractor(task: ShardTask) -> Extractor:
+    with _LOCK:
+        ex = _CACHE.get(task.key)
+        if ex is None:
+            threads = task.job.get("runtime", {}).get("threads_per_worker")
+            if threads:
+                torch.set_num_threads(int(threads))
+            _CACHE.clear()  # one job's model per worker process at a time
+            ex = _CACHE[task.key] = Extractor(task.job, task.layout, task.max_length)
+        return ex
+
+
+def process_shard(task: ShardTask) -> ShardResult:
+    """The function Dask runs: load (once) and process one shard."""
+    return get_extractor(task).process(task)

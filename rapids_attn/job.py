@@ -1,0 +1,345 @@
+"""The job file: a pydantic v2 tree, one model per section, unknown keys rejected.
+
+``load_job(path, overrides)`` reads YAML with ``yaml.safe_load``, merges the presets named in
+``extends`` (files under ``configs/``), applies ``--set a.b=value`` overrides, and validates. Every
+error becomes one :class:`JobConfigError` line that names the field and says how to fix it; an
+unknown key suggests the closest valid name. Checks that need the filesystem or the model (paths
+exist, the model config loads, the backend is available) live in :mod:`rapids_attn.preflight`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rapids_attn.errors import JobConfigError
+
+#: Where presets live: ``configs/`` beside the job file (or its parents), then the project's own.
+PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+PACKAGE_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    path: Path
+    format: Literal["auto", "squad", "jsonl", "csv", "text", "hf"] = "auto"
+    text_fields: list[str] | None = Field(None, min_length=1, max_length=2)
+    id_field: str | None = None
+    group_field: str | None = None
+    label_field: str | None = None
+    limit: int | None = Field(None, gt=0)
+    sample: int | None = Field(None, gt=0)
+    seed: int = 0
+
+
+class ModelConfig(Section):
+    #: a local folder, a HuggingFace hub id, or a built-in preset name (``minilm-l6``).
+    name: str
+    revision: str | None = None
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    trust_remote_code: bool = False
+    #: longest input in tokens; default: the model's own limit (capped at 1024). Longer inputs are
+    #: truncated (longest segment first) and counted in the summary.
+    max_length: int | None = Field(None, gt=1)
+
+
+class ExtractConfig(Section):
+    #: side of the area-resized map each attention map becomes (the embedder's input).
+    image_size: int = Field(32, ge=4, le=512)
+    #: side of the thumbnail kept for figures; 0 keeps none.
+    thumbnail_size: int = Field(16, ge=0, le=128)
+    #: which layers / heads to keep (0-based); None keeps all.
+    layers: list[int] | None = None
+    heads: list[int] | None = None
+    #: examples per shard: the unit of parallel work, of resumption, and the store's row chunk.
+    shard_size: int = Field(128, gt=0)
+    #: padded tokens per forward batch (batch size x longest input in the batch).
+    token_budget: int = Field(8192, gt=0)
+    max_batch_size: int = Field(64, gt=0)
+    #: where the model and the embedder run: auto picks CUDA when a worker sees a GPU.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _unique_selection(self) -> ExtractConfig:
+        for name in ("layers", "heads"):
+            sel = getattr(self, name)
+            if sel is not None:
+                if len(sel) == 0:
+                    raise ValueError(f"{name} is empty; leave it out to keep all {name}")
+                if len(set(sel)) != len(sel) or any(i < 0 for i in sel):
+                    raise ValueError(f"{name} must be distinct non-negative indices, got {sel}")
+        return self
+
+
+class EmbedConfig(Section):
+    #: ``pooled`` (the area-pooled map, flattened) or a torchvision classification model name
+    #: such as ``resnet18`` / ``resnet50`` (its penultimate layer).
+    name: str = "pooled"
+    #: pooled: side of the pooled map (dim = pooled_size ** 2); must divide image_size or be <= it.
+    pooled_size: int = Field(16, ge=2, le=128)
+    #: backbones: ``imagenet`` (torchvision's cache), ``random`` (a control), or a weights file.
+    weights: str = "imagenet"
+    #: backbones: side of the image fed to the network.
+    input_size: int = Field(64, ge=16, le=512)
+    batch_size: int = Field(1024, gt=0)
+
+
+class StoreConfig(Section):
+    features_dtype: Literal["float16", "float32"] = "float16"
+    #: zstd level for the store's arrays (0 stores uncompressed).
+    compression_level: int = Field(3, ge=0, le=9)
+
+
+class UmapConfig(Section):
+    enabled: bool = False
+    n_components: int = Field(2, ge=2)
+    n_neighbors: int = Field(15, ge=2)
+    min_dist: float = Field(0.1, ge=0)
+    metric: str = "euclidean"
+
+
+class ReduceConfig(Section):
+    pca_components: int = Field(32, ge=2)
+    umap: UmapConfig = UmapConfig()
+    #: fit on a seeded sample of at most this many maps, then transform / assign every map.
+    fit_sample: int = Field(200_000, gt=0)
+
+
+class ClusterConfig(Section):
+    method: Literal["kmeans", "dbscan", "hdbscan"] = "kmeans"
+    n_clusters: int = Field(8, ge=2)
+    eps: float = Field(0.5, gt=0)
+    min_samples: int = Field(5, ge=1)
+    min_cluster_size: int = Field(20, ge=2)
+    #: maps sampled for the silhouette score in summary.json (0 skips it).
+    silhouette_sample: int = Field(5000, ge=0)
+
+
+class RuntimeConfig(Section):
+    #: ``local`` (dask LocalCluster), ``local-cuda`` (dask-cuda LocalCUDACluster, one worker per GPU),
+    #: or ``scheduler`` (an existing cluster: set ``address`` or ``scheduler_file``).
+    cluster: Literal["local", "local-cuda", "scheduler"] = "local"
+    n_workers: int | None = Field(None, gt=0)
+    threads_per_worker: int = Field(1, gt=0)
+    #: worker processes (True) or threads in this process (False; handy for debugging).
+    processes: bool = True
+    address: str | None = None
+    scheduler_file: Path | None = None
+    dashboard_address: str = "127.0.0.1:8787"
+    #: local-cuda: RMM pool size per GPU (e.g. "24GB"); None leaves RMM's default.
+    rmm_pool_size: str | None = "auto"
+    #: where the fit runs: ``auto`` (cuML when importable and a GPU is visible), ``cpu``, ``gpu``.
+    learn_backend: Literal["auto", "cpu", "gpu"] = "auto"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _scheduler_target(self) -> RuntimeConfig:
+        if self.cluster == "scheduler" and not (self.address or self.scheduler_file):
+            raise ValueError("cluster 'scheduler' needs address (tcp://host:8786) or scheduler_file")
+        if self.cluster != "scheduler" and (self.address or self.scheduler_file):
+            raise ValueError("address / scheduler_file are only used with cluster: scheduler")
+        return self
+
+
+class OutputConfig(Section):
+    #: the run directory; relative paths are relative to the current directory.
+    dir: Path = Path("runs/{name}")
+
+
+class JobConfig(Section):
+    name: str = Field("job", pattern=r"^[A-Za-z0-9_.-]+$")
+    extends: list[str] = []
+    data: DataConfig
+    model: ModelConfig
+    extract: ExtractConfig = ExtractConfig()
+    embed: EmbedConfig = EmbedConfig()
+    store: StoreConfig = StoreConfig()
+    reduce: ReduceConfig = ReduceConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    output: OutputConfig = OutputConfig()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(str(self.output.dir).format(name=self.name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def extraction_key(self) -> str:
+        """Hash of everything that decides the store's contents; a store from another key is refused."""
+        d = self.to_dict()
+        keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
+        keep["extract"] = {k: v for k, v in keep["extract"].items() if k != "device"}
+        keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _read_yaml(path: Path, what: str) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise JobConfigError(f"{what}: no such file: {path}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise JobConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise JobConfigError(f"{path}: the job must be a YAML mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def preset_dirs(job_path: Path | None) -> list[Path]:
+    dirs = []
+    if job_path is not None:
+        for parent in [job_path.resolve().parent, *job_path.resolve().parents]:
+            if (parent / "configs").is_dir():
+                dirs.append(parent / "configs")
+                break
+    for d in (PROJECT_CONFIGS, PACKAGE_CONFIGS):
+        if d.is_dir() and d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+def _resolve_preset(name: str, dirs: list[Path]) -> Path:
+    for d in dirs:
+        p = d / f"{name}.yaml"
+        if p.is_file():
+            return p
+    known = sorted(str(p.relative_to(d))[:-5] for d in dirs for p in d.rglob("*.yaml"))
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean '{near[0]}'?" if near else f"known presets: {', '.join(known) or 'none'}"
+    raise JobConfigError(f"extends: no preset '{name}' under {', '.join(map(str, dirs))}; {hint}")
+
+
+def _expand_extends(raw: dict, dirs: list[Path], seen: tuple[str, ...] = ()) -> dict:
+    extends = raw.get("extends", []) or []
+    if isinstance(extends, str):
+        extends = [extends]
+    if not isinstance(extends, list):
+        raise JobConfigError("extends: must be a list of preset names, e.g. [models/minilm-l6]")
+    merged: dict = {}
+    for name in extends:
+        if name in seen:
+            raise JobConfigError(f"extends: preset '{name}' extends itself through {' -> '.join(seen)}")
+        preset = _read_yaml(_resolve_preset(name, dirs), f"extends: preset '{name}'")
+        merged = _deep_merge(merged, _expand_extends(preset, dirs, (*seen, name)))
+    body = {k: v for k, v in raw.items() if k != "extends"}
+    out = _deep_merge(merged, body)
+    out["extends"] = list(extends) + [e for e in merged.get("extends", []) if e not in extends]
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is parsed as YAML (so 3, true, [0, 1] work)."""
+    if "=" not in text:
+        raise JobConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set data.limit=100")
+    key, _, value = text.partition("=")
+    parts = [p for p in key.strip().split(".")]
+    if not all(parts):
+        raise JobConfigError(f"--set {text}: the key '{key}' has an empty part")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    return parts, parsed
+
+
+def _apply_override(raw: dict, parts: list[str], value: Any, text: str) -> None:
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise JobConfigError(f"--set {text}: '{p}' is a value, not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The valid field names of the section that ``loc`` (a pydantic error location) points into."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(cur, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        cur = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if cur is None:
+            return []
+    return list(getattr(cur, "model_fields", {}))
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """The first error of a pydantic ValidationError as one actionable line."""
+    e = err.errors()[0]
+    loc = tuple(e["loc"])
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    if e["type"] == "extra_forbidden":
+        valid = _fields_at(JobConfig, loc)
+        near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(valid)}"
+        return f"{source}: {field}: unknown key; {hint}{more}"
+    if e["type"] == "missing":
+        return f"{source}: {field}: required but missing; add it to the job or pass --set {field}=...{more}"
+    msg = e["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    given = e.get("input")
+    shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
+    return f"{source}: {field}: {msg}{shown}{more}"
+
+
+def load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), raw: dict | None = None) -> JobConfig:
+    """Read, merge presets, apply overrides, validate. Raises JobConfigError with one line."""
+    job_path = Path(path) if path is not None else None
+    if raw is None:
+        if job_path is None:
+            raise JobConfigError("no job file given")
+        raw = _read_yaml(job_path, "job")
+    source = str(job_path) if job_path is not None else "job"
+    raw = _expand_extends(raw, preset_dirs(job_path))
+    for text in overrides:
+        parts, value = parse_override(text)
+        _apply_override(raw, parts, value, text)
+    # relative data paths are relative to the job file, so jobs can be run from anywhere
+    data = raw.get("data")
+    if job_path is not None and isinstance(data, dict) and isinstance(data.get("path"), str):
+        p = Path(data["path"]).expanduser()
+        if not p.is_absolute() and not p.exists() and (job_path.resolve().parent / p).exists():
+            data["path"] = str((job_path.resolve().parent / p).resolve())
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as err:
+        raise JobConfigError(format_validation_error(err, source)) from None

@@ -1,0 +1,160 @@
+"""Create, reuse and write the Zarr v3 store (layout in :mod:`rapids_attn.store`)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+
+from rapids_attn import __version__
+from rapids_attn.errors import StoreError
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Everything that fixes the arrays' shapes."""
+
+    n_examples: int
+    layers: list[int]
+    heads: list[int]
+    feature_dim: int
+    image_size: int
+    thumb_size: int
+    shard_size: int
+    stat_names: list[str]
+    features_dtype: str = "float16"
+    compression_level: int = 3
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_examples // self.shard_size)
+
+    def shard_rows(self, shard: int) -> tuple[int, int]:
+        start = shard * self.shard_size
+        return start, min(start + self.shard_size, self.n_examples)
+
+
+def _compressors(level: int):
+    # Plain zstd rather than Blosc: zarr's GPU mode (zarr.config.enable_gpu) decodes zstd chunks on
+    # the device with nvCOMP, so the GPU learn stage gets CuPy arrays straight from the store.
+    return None if level == 0 else ZstdCodec(level=level)
+
+
+def _map_array(g, name, layout: StoreLayout, tail: tuple[int, ...], tail_dims: tuple[str, ...], dtype, fill=0):
+    nl, nh = len(layout.layers), len(layout.heads)
+    return g.create_array(
+        name,
+        shape=(layout.n_examples, nl, nh, *tail),
+        chunks=(layout.shard_size, nl, nh, *tail),
+        dtype=dtype,
+        fill_value=fill,
+        compressors=_compressors(layout.compression_level),
+        dimension_names=("example", "layer", "head", *tail_dims),
+        overwrite=True,
+    )
+
+
+def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dict,
+                 ids: list[str], groups: list[str], labels: list[str]) -> zarr.Group:
+    """Create a fresh store. The job attributes are written last: a store without them is known to
+    be an interrupted creation and is recreated rather than reused."""
+    if path.exists():
+        shutil.rmtree(path)
+    g = zarr.open_group(str(path), mode="w", zarr_format=3)
+    ex = layout.n_examples
+    _map_array(g, "features", layout, (layout.feature_dim,), ("feature",), layout.features_dtype)
+    if layout.thumb_size:
+        t = layout.thumb_size
+        _map_array(g, "thumbnails", layout, (t, t), ("ty", "tx"), "float16")
+    _map_array(g, "stats", layout, (len(layout.stat_names),), ("stat",), "float32", fill=np.nan)
+    for name, dtype in (("seq_len", "int32"), ("truncated", "bool")):
+        g.create_array(name, shape=(ex,), chunks=(layout.shard_size,), dtype=dtype, fill_value=0,
+                       dimension_names=("example",))
+    for name, values in (("example_id", ids), ("example_group", groups), ("example_label", labels)):
+        arr = g.create_array(name, shape=(ex,), chunks=(max(ex, 1),), dtype=str, dimension_names=("example",))
+        arr[:] = np.asarray(values, dtype=str)
+    g.create_array("shards_done", shape=(layout.n_shards,), chunks=(1,), dtype=bool, fill_value=False,
+                   dimension_names=("shard",))
+    g.create_array("layer", shape=(len(layout.layers),), dtype="int32", dimension_names=("layer",))[:] = layout.layers
+    g.create_array("head", shape=(len(layout.heads),), dtype="int32", dimension_names=("head",))[:] = layout.heads
+    g.create_array("stat", shape=(len(layout.stat_names),), dtype=str, dimension_names=("stat",))[:] = np.asarray(
+        layout.stat_names, dtype=str)
+    g.attrs.update({
+        "format_version": FORMAT_VERSION,
+        "rapids_attn_version": __version__,
+        "layout": asdict(layout),
+        "model": meta,
+        "extract_complete": False,
+        "learn_complete": False,
+    })
+    g.attrs["job"] = job
+    g.attrs["extraction_key"] = key  # last: its presence marks a complete creation
+    return g
+
+
+def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> zarr.Group | None:
+    """The existing store if it was made by the same job and layout; None if there is none (or it is
+    an interrupted creation, or ``overwrite``). A store from another job is refused."""
+    if not path.exists():
+        return None
+    if overwrite:
+        shutil.rmtree(path)
+        return None
+    try:
+        g = zarr.open_group(str(path), mode="r+")
+        old_key = g.attrs.get("extraction_key")
+    except Exception:
+        old_key = None
+        g = None
+    if old_key is None:  # an interrupted creation: nothing in it was ever marked done
+        shutil.rmtree(path)
+        return None
+    if old_key != key or g.attrs.get("layout") != asdict(layout):
+        raise StoreError(
+            f"{path}: holds the store of a different job (data, model, extract, embed or store settings changed); "
+            "rerun with --overwrite to replace it, or set output.dir to a new run directory"
+        )
+    return g
+
+
+def done_shards(g: zarr.Group) -> np.ndarray:
+    return np.asarray(g["shards_done"][:], dtype=bool)
+
+
+def write_shard(path: str, layout: StoreLayout, shard: int, arrays: dict[str, np.ndarray]) -> None:
+    """Write one shard's rows (exactly one chunk of every example-major array), then mark it done.
+
+    Called on workers; rows of different shards live in different chunk files, so no lock is needed.
+    """
+    g = zarr.open_group(path, mode="r+")
+    start, stop = layout.shard_rows(shard)
+    for name, value in arrays.items():
+        if value.shape[0] != stop - start:
+            raise ValueError(f"shard {shard}: {name} has {value.shape[0]} rows, expected {stop - start}")
+        g[name][start:stop] = value
+    g["shards_done"][shard] = True
+
+
+def mark_extract_complete(g: zarr.Group) -> None:
+    g.attrs["extract_complete"] = bool(done_shards(g).all())
+
+
+def mark_learn(g: zarr.Group, complete: bool, info: dict | None = None) -> None:
+    g.attrs["learn_complete"] = complete
+    if info is not None:
+        g.attrs["learn"] = info
+
+
+def consolidate(path: Path) -> None:
+    """Consolidated metadata lets xarray open the store with one read."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata")
+        zarr.consolidate_metadata(str(path))
