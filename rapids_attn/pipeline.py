@@ -68,7 +68,7 @@ def _check_indices(name: str, sel: list[int] | None, n: int, model: str) -> list
     return sorted(sel)
 
 
-def preflight(cfg: JobConfig, stages: tuple[str, ...]) -> Plan:
+def preflight(cfg: JobConfig, stages: tuple[str, ...], overwrite: bool = False) -> Plan:
     t0 = time.perf_counter()
     d = cfg.data
     examples = read_examples(
@@ -104,8 +104,23 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...]) -> Plan:
         features_dtype=cfg.store.features_dtype, compression_level=cfg.store.compression_level,
     )
     plan = Plan(cfg, examples, info, layout, cfg.extraction_key(), cfg.run_dir)
+    _check_store(plan, stages, overwrite)
     plan.timings["preflight"] = time.perf_counter() - t0
     return plan
+
+
+def _check_store(plan: Plan, stages: tuple[str, ...], overwrite: bool) -> None:
+    """Refuse, before any worker starts, a run directory whose store another job made."""
+    from rapids_attn.store.zarr_store import foreign_store_error, inspect_store
+
+    state = inspect_store(plan.store_path, plan.key, plan.layout)
+    if "extract" in stages:
+        if state == "different" and not overwrite:
+            raise foreign_store_error(plan.store_path)
+    elif state in ("absent", "partial"):
+        raise StoreError(f"{plan.store_path}: no store from this job yet; run the extract stage first (--stages extract)")
+    elif state == "different":
+        raise foreign_store_error(plan.store_path)
 
 
 def _progress(total: int, desc: str):
@@ -182,7 +197,7 @@ def open_store(plan: Plan, need: str):
 
     from rapids_attn.store.zarr_store import open_for_job
 
-    g = open_for_job(plan.store_path, plan.key, plan.layout, overwrite=False) if plan.store_path.exists() else None
+    g = open_for_job(plan.store_path, plan.key, plan.layout, overwrite=False)
     if g is None:
         raise StoreError(f"{plan.store_path}: no store from this job yet; run the extract stage first (--stages extract)")
     if not g.attrs.get("extract_complete"):
@@ -203,9 +218,9 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = STAGES, overwrite: bool = 
     """Run the stages of a validated job; returns the summary (also written to summary.json)."""
     from rapids_attn.explain.outputs import write_outputs
 
-    plan = preflight(cfg, stages)
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
+    plan = preflight(cfg, stages, overwrite)
     write_resolved_job(plan)
     runtime_desc: dict = {}
     learn_info = None

@@ -98,29 +98,40 @@ def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dic
     return g
 
 
-def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> zarr.Group | None:
-    """The existing store if it was made by the same job and layout; None if there is none (or it is
-    an interrupted creation, or ``overwrite``). A store from another job is refused."""
+def inspect_store(path: Path, key: str, layout: StoreLayout) -> str:
+    """What is at ``path``, without changing it: "absent", "partial" (an interrupted creation: no
+    shard in it was ever marked done), "same" (this job's store) or "different" (another job's)."""
     if not path.exists():
-        return None
-    if overwrite:
-        shutil.rmtree(path)
-        return None
+        return "absent"
     try:
-        g = zarr.open_group(str(path), mode="r+")
+        g = zarr.open_group(str(path), mode="r")
         old_key = g.attrs.get("extraction_key")
     except Exception:
-        old_key = None
-        g = None
-    if old_key is None:  # an interrupted creation: nothing in it was ever marked done
+        return "partial"
+    if old_key is None:
+        return "partial"
+    return "same" if old_key == key and g.attrs.get("layout") == asdict(layout) else "different"
+
+
+def foreign_store_error(path: Path) -> StoreError:
+    return StoreError(
+        f"{path}: holds the store of a different job (data, model, extract, embed or store settings changed); "
+        "rerun with --overwrite to replace it, or set output.dir to a new run directory"
+    )
+
+
+def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> zarr.Group | None:
+    """The existing store if it was made by the same job and layout; None if there is none (or it is
+    an interrupted creation, or ``overwrite``; both are removed). A store from another job is refused."""
+    state = inspect_store(path, key, layout)
+    if state == "absent":
+        return None
+    if overwrite or state == "partial":
         shutil.rmtree(path)
         return None
-    if old_key != key or g.attrs.get("layout") != asdict(layout):
-        raise StoreError(
-            f"{path}: holds the store of a different job (data, model, extract, embed or store settings changed); "
-            "rerun with --overwrite to replace it, or set output.dir to a new run directory"
-        )
-    return g
+    if state == "different":
+        raise foreign_store_error(path)
+    return zarr.open_group(str(path), mode="r+")
 
 
 def done_shards(g: zarr.Group) -> np.ndarray:

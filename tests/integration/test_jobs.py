@@ -1,0 +1,81 @@
+"""Whole jobs on real LocalClusters with worker processes: the quickstart, SQuAD v2 (500 questions),
+and the existing-scheduler runtime. Every example job validates; those that run on a CPU run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO, SHARED_SQUAD
+
+from rapids_attn.job import load_job
+
+JOBS = sorted((REPO / "jobs").glob("*.yaml"))
+
+
+def run_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rapids_attn.run", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[p.stem for p in JOBS])
+def test_every_example_job_validates(job):
+    cfg = load_job(job)
+    assert cfg.name
+    assert cfg.data.path
+
+
+def test_quickstart_end_to_end(tmp_path):
+    r = run_cli(REPO / "jobs" / "quickstart.yaml", "--set", f"output.dir={tmp_path / 'qs'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "qs"
+    s = json.loads((run / "summary.json").read_text())
+    n = s["counts"]["examples"]
+    t = pq.read_table(run / "maps.parquet")
+    assert t.num_rows == n * 6 * 12 and n >= 40
+    assert t.column("cluster").null_count == 0
+    assert min(t.column("cluster").to_pylist()) >= 0
+    assert s["backend"]["runtime"]["n_workers"] == 2
+    assert "dashboard:" in r.stderr
+    # a second run resumes: nothing left to extract
+    r2 = run_cli(REPO / "jobs" / "quickstart.yaml", "--set", f"output.dir={run}", cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    s2 = json.loads((run / "summary.json").read_text())
+    assert s2["extract"]["this_run"]["shards_run"] == 0
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
+def test_squad_v2_half_500_questions_on_two_workers(tmp_path):
+    r = run_cli(REPO / "jobs" / "quickstart.yaml", "--set", f"data.path={SHARED_SQUAD}", "data.limit=500",
+                f"output.dir={tmp_path / 'squad'}", "extract.shard_size=64", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "squad" / "summary.json").read_text())
+    assert s["counts"]["examples"] == 500
+    assert s["counts"]["maps"] == 500 * 72
+    assert s["backend"]["runtime"]["n_workers"] == 2
+    assert len(s["extract"]["runs"][-1]["workers"]) == 2  # both workers did shards
+    t = pq.read_table(tmp_path / "squad" / "maps.parquet", columns=["group", "label", "cluster"]).to_pandas()
+    assert set(t["label"]) == {"answerable", "impossible"}
+    assert t["group"].nunique() > 1
+    assert t["cluster"].nunique() == 8
+
+
+def test_existing_scheduler_runtime(tmp_path):
+    """jobs/multi_node.yaml's runtime (an existing scheduler via a scheduler file), on CPU workers."""
+    from distributed import LocalCluster
+
+    sched_file = tmp_path / "scheduler.json"
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      scheduler_kwargs={"scheduler_file": str(sched_file)}) as cluster:
+        assert sched_file.is_file() and cluster.scheduler_address
+        r = run_cli(REPO / "jobs" / "multi_node.yaml",
+                    "--set", f"runtime.scheduler_file={sched_file}", "model.name=minilm-l6", "embed.name=pooled",
+                    "extract.device=cpu", "runtime.learn_backend=cpu", "data.format=squad",
+                    f"data.path={REPO / 'rapids_attn' / 'data' / 'quickstart.json'}", "data.limit=12",
+                    f"output.dir={tmp_path / 'mn'}", "extract.shard_size=4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "mn" / "summary.json").read_text())
+    assert s["backend"]["runtime"]["cluster"] == "scheduler"
+    assert s["counts"]["maps"] == 12 * 72

@@ -1,0 +1,111 @@
+"""The CLI: exit codes, one-line user errors, --check, --stages, and no store left by a bad job."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import make_job
+
+from rapids_attn.run import main
+
+
+def job_file(tmp_path: Path, job: dict) -> Path:
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job))
+    return p
+
+
+def test_user_error_exits_2_with_one_line(tmp_path, capsys):
+    data = tmp_path / "d.txt"
+    data.write_text("a\n")
+    p = job_file(tmp_path, {"data": {"path": str(data)}, "model": {"name": "minilm-l6"}, "embed": {"nmae": "x"}})
+    assert main([str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith("error: ") and "embed.nmae" in err and "'name'" in err
+
+
+def test_missing_data_file_exits_2_and_writes_nothing(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    job["data"]["path"] = str(tmp_path / "missing.jsonl")
+    assert main([str(job_file(tmp_path, job))]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_field_name_exits_2_before_workers(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    job["data"]["text_fields"] = ["question", "contxt"]
+    assert main([str(job_file(tmp_path, job))]) == 2
+    err = capsys.readouterr().err
+    assert "contxt" in err and "context" in err  # names the missing field and the fields that exist
+    assert "worker" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_layer_out_of_range_is_a_user_error(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data, extract={"layers": [0, 5]})
+    assert main([str(job_file(tmp_path, job))]) == 2
+    assert "extract.layers: [5] out of range" in capsys.readouterr().err
+
+
+def test_unknown_stage(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    assert main([str(job_file(tmp_path, job)), "--stages", "extract,lern"]) == 2
+    assert "did you mean 'learn'" in capsys.readouterr().err
+
+
+def test_check_validates_without_running(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    assert main([str(job_file(tmp_path, job)), "--check"]) == 0
+    assert "ok: 20 examples, 2 layers x 2 heads" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "store.zarr").exists()
+
+
+def test_learn_before_extract_is_refused(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    assert main([str(job_file(tmp_path, job)), "--stages", "learn"]) == 2
+    assert "run the extract stage first" in capsys.readouterr().err
+
+
+def test_stages_run_separately_then_explain_rebuilds(tmp_path, capsys, tiny_bert_dir, pair_data):
+    p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
+    assert main([str(p), "--stages", "extract"]) == 0
+    assert main([str(p), "--stages", "explain"]) == 2  # nothing clustered yet
+    assert "rerun with --stages learn" in capsys.readouterr().err
+    assert main([str(p), "--stages", "learn"]) == 0
+    assert main([str(p), "--stages", "explain"]) == 0
+    assert (tmp_path / "run" / "maps.parquet").is_file()
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_changed_job_is_refused_unless_overwrite(tmp_path, capsys, tiny_bert_dir, pair_data):
+    p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
+    assert main([str(p)]) == 0
+    assert main([str(p), "--set", "extract.image_size=16"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    # learn-only settings do not touch the store: no refusal
+    assert main([str(p), "--set", "cluster.n_clusters=2"]) == 0
+    assert main([str(p), "--set", "extract.image_size=16", "--overwrite"]) == 0
+
+
+def test_module_entry_point_runs():
+    r = subprocess.run([sys.executable, "-m", "rapids_attn.run", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--stages" in r.stdout
+
+
+def test_cli_exit_code_2_from_a_subprocess(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "rapids_attn.run", str(tmp_path / "nope.yaml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: job: no such file: {tmp_path / 'nope.yaml'}"
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_nonpositive_limit(tmp_path, capsys, tiny_bert_dir, pair_data, value):
+    p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
+    assert main([str(p), "--set", f"data.limit={value}", "--check"]) == 2
+    assert "data.limit" in capsys.readouterr().err

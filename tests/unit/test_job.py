@@ -1,0 +1,142 @@
+"""The job schema: presets, overrides, one-line errors with the nearest valid name."""
+
+from pathlib import Path
+
+import pytest
+
+from rapids_attn.errors import JobConfigError
+from rapids_attn.job import JobConfig, load_job, parse_override
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def minimal(tmp_path: Path, extra: str = "") -> Path:
+    data = write(tmp_path / "d.txt", "hello\nworld\n")
+    return write(tmp_path / "job.yaml", f"data:\n  path: {data}\nmodel:\n  name: minilm-l6\n{extra}")
+
+
+def test_defaults_fill_every_section(tmp_path):
+    cfg = load_job(minimal(tmp_path))
+    assert cfg.extract.image_size == 32
+    assert cfg.embed.name == "pooled"
+    assert cfg.cluster.method == "kmeans"
+    assert cfg.runtime.dashboard_address == "127.0.0.1:8787"
+    assert cfg.model.trust_remote_code is False
+
+
+def test_unknown_key_suggests_nearest_name(tmp_path):
+    with pytest.raises(JobConfigError, match=r"embed\.nmae: unknown key; did you mean 'name'\?"):
+        load_job(minimal(tmp_path, "embed:\n  nmae: pooled\n"))
+
+
+def test_unknown_section_suggests_nearest_section(tmp_path):
+    with pytest.raises(JobConfigError, match=r"clustr: unknown key; did you mean 'cluster'\?"):
+        load_job(minimal(tmp_path, "clustr:\n  n_clusters: 3\n"))
+
+
+def test_bad_value_names_field_and_value(tmp_path):
+    with pytest.raises(JobConfigError, match=r"extract\.image_size: .*greater than or equal to 4.*got 2"):
+        load_job(minimal(tmp_path, "extract:\n  image_size: 2\n"))
+
+
+def test_bad_literal_lists_choices(tmp_path):
+    with pytest.raises(JobConfigError, match=r"cluster\.method: .*'kmeans', 'dbscan' or 'hdbscan'"):
+        load_job(minimal(tmp_path, "cluster:\n  method: spectral\n"))
+
+
+def test_missing_required_section(tmp_path):
+    data = write(tmp_path / "d.txt", "x\n")
+    with pytest.raises(JobConfigError, match=r"model: required but missing"):
+        load_job(write(tmp_path / "job.yaml", f"data:\n  path: {data}\n"))
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    with pytest.raises(JobConfigError, match=r"job.yaml line 3: not valid YAML"):
+        load_job(write(tmp_path / "job.yaml", "data:\n  path: [unclosed\nmodel: {}\n"))
+
+
+def test_errors_are_one_line(tmp_path):
+    with pytest.raises(JobConfigError) as e:
+        load_job(minimal(tmp_path, "extract:\n  layers: [1, 1]\n"))
+    assert "\n" not in str(e.value)
+    assert "extract" in str(e.value) and "distinct" in str(e.value)
+
+
+def test_overrides_are_yaml_typed(tmp_path):
+    cfg = load_job(minimal(tmp_path), ["data.limit=7", "extract.layers=[0, 2]", "runtime.processes=false"])
+    assert cfg.data.limit == 7
+    assert cfg.extract.layers == [0, 2]
+    assert cfg.runtime.processes is False
+
+
+def test_override_unknown_key_is_reported(tmp_path):
+    with pytest.raises(JobConfigError, match=r"data\.limt: unknown key; did you mean 'limit'\?"):
+        load_job(minimal(tmp_path), ["data.limt=3"])
+
+
+def test_override_syntax_error():
+    with pytest.raises(JobConfigError, match="expected KEY=VALUE"):
+        parse_override("data.limit")
+
+
+def test_presets_merge_in_order_and_job_wins(tmp_path):
+    cfgs = tmp_path / "configs" / "x"
+    cfgs.mkdir(parents=True)
+    write(cfgs / "a.yaml", "cluster:\n  n_clusters: 3\n  method: dbscan\n")
+    write(cfgs / "b.yaml", "cluster:\n  n_clusters: 5\n")
+    cfg = load_job(minimal(tmp_path, "extends: [x/a, x/b]\ncluster:\n  eps: 0.25\n"))
+    assert cfg.cluster.n_clusters == 5  # b after a
+    assert cfg.cluster.method == "dbscan"  # from a, untouched by b
+    assert cfg.cluster.eps == 0.25  # the job itself
+    assert cfg.extends == ["x/a", "x/b"]
+
+
+def test_unknown_preset_suggests_nearest(tmp_path):
+    with pytest.raises(JobConfigError, match=r"no preset 'clusters/kmean'.*did you mean 'clusters/kmeans'\?"):
+        load_job(minimal(tmp_path, "extends: [clusters/kmean]\n"))
+
+
+def test_project_presets_all_validate(tmp_path):
+    presets = sorted((REPO / "configs").rglob("*.yaml"))
+    assert len(presets) >= 8
+    for p in presets:
+        name = str(p.relative_to(REPO / "configs"))[:-5]
+        cfg = load_job(minimal(tmp_path, f"extends: [{name}]\n"))
+        assert name in cfg.extends
+
+
+def test_data_path_relative_to_job_file(tmp_path):
+    sub = tmp_path / "jobs"
+    sub.mkdir()
+    write(tmp_path / "d.txt", "a\n")
+    cfg = load_job(write(sub / "job.yaml", "data:\n  path: ../d.txt\nmodel:\n  name: minilm-l6\n"))
+    assert Path(cfg.data.path) == (tmp_path / "d.txt").resolve()
+
+
+def test_scheduler_cluster_needs_an_address(tmp_path):
+    with pytest.raises(JobConfigError, match=r"runtime: cluster 'scheduler' needs address"):
+        load_job(minimal(tmp_path, "runtime:\n  cluster: scheduler\n"))
+
+
+def test_extraction_key_ignores_learn_settings(tmp_path):
+    a = load_job(minimal(tmp_path))
+    b = load_job(minimal(tmp_path), ["cluster.n_clusters=3", "reduce.pca_components=4", "runtime.n_workers=4"])
+    c = load_job(minimal(tmp_path), ["extract.image_size=16"])
+    assert a.extraction_key() == b.extraction_key()
+    assert a.extraction_key() != c.extraction_key()
+
+
+def test_name_pattern(tmp_path):
+    with pytest.raises(JobConfigError, match=r"name: String should match pattern"):
+        load_job(minimal(tmp_path, "name: 'has space'\n"))
+
+
+def test_run_dir_uses_name(tmp_path):
+    cfg = load_job(minimal(tmp_path, "name: demo\n"))
+    assert cfg.run_dir == Path("runs/demo")
+    assert isinstance(cfg, JobConfig)

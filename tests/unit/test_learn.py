@@ -1,0 +1,102 @@
+"""The learn stage on planted clusters written straight into a store (no model involved)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from sklearn.metrics import adjusted_rand_score
+
+from rapids_attn.backends import resolve_learn_backend
+from rapids_attn.errors import BackendUnavailableError
+from rapids_attn.job import load_job
+from rapids_attn.learn import run_learn
+from rapids_attn.store.zarr_store import StoreLayout, create_store, write_shard
+
+E, L, H, D = 60, 2, 3, 12  # 360 maps
+
+
+def planted_store(tmp_path: Path, seed: int = 0):
+    """Three well-separated blobs; returns the store group and the true label of every map."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 10, size=(3, D))
+    truth = rng.integers(0, 3, size=(E, L, H))
+    feats = centers[truth] + rng.normal(0, 0.3, size=(E, L, H, D))
+    layout = StoreLayout(n_examples=E, layers=[0, 1], heads=[0, 1, 2], feature_dim=D, image_size=8,
+                         thumb_size=0, shard_size=16, stat_names=["entropy"], features_dtype="float32")
+    path = tmp_path / "store.zarr"
+    ids = [f"e{i}" for i in range(E)]
+    g = create_store(path, layout, {}, "key", {}, ids, [""] * E, [""] * E)
+    for s in range(layout.n_shards):
+        a, b = layout.shard_rows(s)
+        write_shard(str(path), layout, s, {"features": feats[a:b].astype(np.float32)})
+    return zarr.open_group(str(path), mode="r+"), truth.reshape(-1)
+
+
+def cfg_with(tmp_path, **overrides):
+    data = tmp_path / "d.txt"
+    data.write_text("x\n")
+    sets = [f"{k}={v}" for k, v in overrides.items()]
+    return load_job(None, sets, raw={"data": {"path": str(data)}, "model": {"name": "minilm-l6"},
+                                     "reduce": {"pca_components": 4}, "cluster": {"n_clusters": 3},
+                                     "runtime": {"learn_backend": "cpu"}})
+
+
+def test_kmeans_recovers_planted_clusters_from_a_sample(tmp_path):
+    g, truth = planted_store(tmp_path)
+    cfg = cfg_with(tmp_path, **{"reduce.fit_sample": 100})
+    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    labels = g["cluster"][:].reshape(-1)
+    assert info["n_fit"] == 100 and info["n_maps"] == E * L * H
+    assert adjusted_rand_score(truth, labels) == pytest.approx(1.0)
+    assert info["silhouette"] > 0.8
+    assert g["coords"].shape == (E, L, H, 2) and g["reduced"].shape == (E, L, H, 4)
+    assert g.attrs["learn_complete"] is True
+
+
+def test_seeded_fit_is_repeatable(tmp_path):
+    g, _ = planted_store(tmp_path)
+    cfg = cfg_with(tmp_path, **{"reduce.fit_sample": 50})
+    run_learn(g, cfg, resolve_learn_backend("cpu"))
+    first = g["cluster"][:].copy(), g["coords"][:].copy()
+    run_learn(g, cfg, resolve_learn_backend("cpu"))
+    np.testing.assert_array_equal(first[0], g["cluster"][:])
+    np.testing.assert_array_equal(first[1], g["coords"][:])
+
+
+@pytest.mark.parametrize("method, params", [
+    ("dbscan", {"cluster.eps": 2.0, "cluster.min_samples": 3}),
+    ("hdbscan", {"cluster.min_cluster_size": 10, "cluster.min_samples": 3}),
+])
+def test_density_methods_assign_every_map(tmp_path, method, params):
+    g, truth = planted_store(tmp_path)
+    cfg = cfg_with(tmp_path, **{"cluster.method": method, "reduce.fit_sample": 200, **params})
+    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    labels = g["cluster"][:].reshape(-1)
+    assert info["n_fit"] == 200
+    assert info["n_clusters"] == 3
+    assert 0 <= info["noise_share"] < 0.05
+    keep = labels >= 0
+    assert adjusted_rand_score(truth[keep], labels[keep]) == pytest.approx(1.0)
+
+
+def test_umap_coordinates(tmp_path):
+    g, truth = planted_store(tmp_path)
+    cfg = cfg_with(tmp_path, **{"reduce.umap.enabled": True, "reduce.umap.n_neighbors": 10})
+    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    assert info["umap"] is True
+    assert adjusted_rand_score(truth, g["cluster"][:].reshape(-1)) == pytest.approx(1.0)
+    assert np.isfinite(g["coords"][:]).all()
+
+
+def test_gpu_backend_without_gpu_is_a_user_error():
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is visible here")
+    except ImportError:
+        pass
+    with pytest.raises(BackendUnavailableError, match="runtime.learn_backend: gpu requested but"):
+        resolve_learn_backend("gpu")
+    assert resolve_learn_backend("auto").name == "sklearn"

@@ -1,0 +1,122 @@
+"""The store: resumable extraction, no half-written shard taken for done, xarray, outputs."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import zarr
+from conftest import make_job
+
+import rapids_attn.extract.shard as shard_mod
+from rapids_attn.job import load_job
+from rapids_attn.pipeline import run_job
+from rapids_attn.store.zarr_store import write_shard
+
+ARRAYS = ("features", "stats", "thumbnails", "seq_len", "truncated")
+
+
+def _job(tmp_path, model, data, name):
+    return load_job(None, raw=make_job(tmp_path / name, model, data))
+
+
+def test_interrupted_extraction_resumes_to_the_same_store(tmp_path, tiny_bert_dir, pair_data, monkeypatch):
+    ref_cfg = _job(tmp_path, tiny_bert_dir, pair_data, "ref")
+    run_job(ref_cfg, ("extract",))
+    ref = zarr.open_group(str(ref_cfg.run_dir / "store.zarr"), mode="r")
+    n_shards = ref["shards_done"].shape[0]
+    assert n_shards == 4  # 20 examples, shard_size 6
+
+    cfg = _job(tmp_path, tiny_bert_dir, pair_data, "resumed")
+
+    def write_then_die(path, layout, shard, arrays):
+        if shard == 2:  # rows of shard 2 hit the disk, then the worker dies before the marker
+            g = zarr.open_group(path, mode="r+")
+            start, stop = layout.shard_rows(shard)
+            g["features"][start:stop] = np.full_like(arrays["features"], 7)
+            raise RuntimeError("simulated crash")
+        write_shard(path, layout, shard, arrays)
+
+    monkeypatch.setattr(shard_mod, "write_shard", write_then_die)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_job(cfg, ("extract",))
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    done = g["shards_done"][:]
+    assert not done[2] and not g.attrs["extract_complete"]
+    # a later stage must not take the interrupted store for complete
+    with pytest.raises(Exception, match="extraction is not complete"):
+        run_job(cfg, ("learn",))
+
+    monkeypatch.setattr(shard_mod, "write_shard", write_shard)
+    out = run_job(cfg, ("extract",))
+    assert out["extract"]["resumed"] is True
+    assert out["extract"]["shards_run"] == int((~done).sum()) >= 1
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    assert g["shards_done"][:].all() and g.attrs["extract_complete"]
+    for name in ARRAYS:
+        np.testing.assert_array_equal(g[name][:], ref[name][:], err_msg=name)
+
+
+def test_outputs_maps_table_summary_and_xarray(tmp_path, tiny_bert_dir, pair_data):
+    import xarray as xr
+
+    cfg = _job(tmp_path, tiny_bert_dir, pair_data, "full")
+    summary = run_job(cfg)
+    run = cfg.run_dir
+    t = pq.read_table(run / "maps.parquet").to_pandas()
+    assert len(t) == 20 * 2 * 2
+    assert {"example_index", "example_id", "group", "label", "layer", "head", "cluster", "x", "y",
+            "entropy", "self", "prev", "first", "sep"} <= set(t.columns)
+    assert set(t["layer"]) == {0, 1} and set(t["head"]) == {0, 1}
+    assert t["cluster"].between(0, 2).all() and t["cluster"].nunique() == 3
+    assert np.isfinite(t[["x", "y"]].to_numpy()).all()
+    first = t[t.example_index == 0]
+    assert set(first["example_id"]) == {"q0"} and set(first["group"]) == {"t0"} and set(first["label"]) == {"True"}
+    # every map counted once per cluster
+    sizes = summary["clusters"]["sizes"]
+    assert sum(sizes.values()) == len(t)
+    assert t["cluster"].value_counts().to_dict() == {int(k): v for k, v in sizes.items()}
+
+    s = json.loads((run / "summary.json").read_text())
+    assert s["counts"]["maps"] == 80 and s["counts"]["examples"] == 20
+    assert s["backend"]["learn"] == "sklearn" and s["backend"]["extract_devices"] == ["cpu"]
+    assert set(s["seconds"]) >= {"preflight", "extract", "learn", "explain"}
+    assert s["clusters"]["silhouette"] is not None and -1 <= s["clusters"]["silhouette"] <= 1
+    assert (run / "job.yaml").is_file()
+
+    ds = xr.open_zarr(run / "store.zarr")
+    assert ds["features"].dims == ("example", "layer", "head", "feature")
+    assert ds["cluster"].dims == ("example", "layer", "head")
+    assert ds["cluster"].shape == (20, 2, 2)
+    np.testing.assert_array_equal(ds["cluster"].values.reshape(-1), t["cluster"].to_numpy())
+    assert list(ds["stat"].values[:2]) == ["entropy", "entropy_norm"]
+
+
+def test_truncation_is_counted(tmp_path, tiny_bert_dir, pair_data):
+    raw = make_job(tmp_path / "trunc", tiny_bert_dir, pair_data)
+    raw["model"]["max_length"] = 24
+    cfg = load_job(None, raw=raw)
+    s = run_job(cfg)
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    seq = g["seq_len"][:]
+    assert seq.max() == 24
+    assert s["counts"]["truncated_examples"] == int(g["truncated"][:].sum()) > 0
+    assert (seq[g["truncated"][:]] == 24).all()
+
+
+def test_failed_learn_leaves_no_complete_flag(tmp_path, tiny_bert_dir, pair_data, monkeypatch):
+    import rapids_attn.learn.fit as fit
+
+    cfg = _job(tmp_path, tiny_bert_dir, pair_data, "learnfail")
+    run_job(cfg)
+
+    def boom(*a, **k):
+        raise RuntimeError("fit failed")
+
+    monkeypatch.setattr(fit._Model, "fit", boom)
+    with pytest.raises(RuntimeError):
+        run_job(cfg, ("learn",))
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    assert g.attrs["learn_complete"] is False
+    with pytest.raises(Exception, match="no complete clustering"):
+        run_job(cfg, ("explain",))
