@@ -68,11 +68,11 @@ def _build_network(name: str, weights: str):
         near = difflib.get_close_matches(name, ["pooled", *_known_models()], n=1)
         hint = f"did you mean '{near[0]}'?" if near else "use pooled, resnet18 or resnet50"
         raise JobConfigError(f"embed.name: unknown embedder '{name}'; {hint}")
-    net = torchvision.models.get_model(name, weights=None)
     if weights == "random":
-        torch.manual_seed(0)  # a seeded random network is a reproducible control
-        net = torchvision.models.get_model(name, weights=None)
-        return net
+        with torch.random.fork_rng(devices=[]):  # a seeded random network: a reproducible control
+            torch.manual_seed(0)
+            return torchvision.models.get_model(name, weights=None)
+    net = torchvision.models.get_model(name, weights=None)
     path = ensure_imagenet_weights(name) if weights == "imagenet" else Path(weights).expanduser()
     if not path.is_file():
         raise JobConfigError(f"embed.weights: no such file: {path}; give a state-dict file, imagenet or random")

@@ -8,11 +8,11 @@ a previous-token head and a self head are the same picture (see docs/architectur
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 #: Scalar signature of one map, each a mean over the map's query rows (Clark et al. 2019).
 STAT_NAMES = (
@@ -30,11 +30,17 @@ STAT_NAMES = (
 
 
 def punctuation_ids(tokenizer) -> torch.Tensor:
-    """Vocabulary ids whose surface form is only punctuation (word-piece markers stripped)."""
-    vocab = tokenizer.get_vocab()
+    """Vocabulary ids whose surface form is only punctuation.
+
+    The surface form is the token decoded by the tokenizer itself (so byte-level BPE pieces such as
+    "âĢĻ" read as "’", and a lone byte of a multi-byte letter reads as "�", not as punctuation),
+    with a WordPiece continuation prefix "##" removed once.
+    """
     ids = []
-    for token, idx in vocab.items():
-        s = token.lstrip("#").replace("Ġ", "").replace("▁", "").replace("Ċ", "").strip()
+    for token, idx in tokenizer.get_vocab().items():
+        s = tokenizer.convert_tokens_to_string([token]).strip()
+        if s.startswith("##") and len(s) > 2:
+            s = s[2:]
         if s and all(unicodedata.category(c).startswith("P") for c in s):
             ids.append(idx)
     return torch.tensor(sorted(ids), dtype=torch.long)
@@ -95,11 +101,26 @@ def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: b
     return torch.stack(cols, dim=-1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _area_weights(n: int, size: int, device: str) -> torch.Tensor:
+    """[size, n]: R[i, j] = overlap of input cell [j, j+1) with output cell [i n/S, (i+1) n/S), times S/n.
+
+    Each row sums to 1 (an output pixel is the exact area average of what it covers, fractional
+    cells included), so ``R @ a @ R.T`` preserves the map's mean. torch's adaptive pooling instead
+    uses overlapping integer windows that count border cells twice when S does not divide n.
+    """
+    edges = torch.arange(size + 1, dtype=torch.float64) * (n / size)
+    j = torch.arange(n, dtype=torch.float64)
+    lo = torch.maximum(edges[:-1, None], j[None, :])
+    hi = torch.minimum(edges[1:, None], j[None, :] + 1)
+    return ((hi - lo).clamp_min(0) * (size / n)).to(device=device, dtype=torch.float32)
+
+
 def area_resize(a: torch.Tensor, size: int) -> torch.Tensor:
-    """[..., n, n] -> [..., size, size] by area averaging (upsampling short maps by replication)."""
-    lead = a.shape[:-2]
-    out = F.adaptive_avg_pool2d(a.float().reshape(-1, 1, *a.shape[-2:]), size)
-    return out.reshape(*lead, size, size)
+    """[..., n, n] -> [..., size, size] by exact area averaging (replication when upsampling)."""
+    n = a.shape[-1]
+    r = _area_weights(n, size, str(a.device))  # [S, n]
+    return r @ a.float() @ r.T
 
 
 class LayerReducer:

@@ -87,13 +87,12 @@ def describe_model(cfg) -> ModelInfo:
             f"model.name: '{cfg.name}' ({config.model_type}) is not a transformer with self-attention layers "
             "(its config has no num_hidden_layers / num_attention_heads)"
         )
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    limit = min(limit or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
-    max_length = cfg.max_length or limit
-    if limit and cfg.max_length and cfg.max_length > limit and getattr(config, "max_position_embeddings", None):
+    model_limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if cfg.max_length and model_limit and cfg.max_length > model_limit:
         raise ModelError(
-            f"model.max_length: {cfg.max_length} exceeds the model's {limit} positions; set it to {limit} or less"
+            f"model.max_length: {cfg.max_length} exceeds the model's {model_limit} positions; set it to {model_limit} or less"
         )
+    max_length = cfg.max_length or min(model_limit or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
     return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision)
 
 

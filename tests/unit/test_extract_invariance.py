@@ -1,0 +1,128 @@
+"""The key property of extraction: an example's maps do not depend on what it is batched with.
+
+Right padding plus the ``[:n, :n]`` crop must make an example's images, thumbnails and stats the
+same whether it runs alone or padded next to longer inputs, for encoders (BERT) and causal
+decoders (GPT-2, Llama) alike.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_job, write_jsonl
+from rapids_attn.data.example import Example
+from rapids_attn.extract.batching import tokenize
+from rapids_attn.extract.maps import STAT_NAMES, TokenMasks, area_resize, map_stats
+from rapids_attn.store.zarr_store import StoreLayout
+
+ATOL = 1e-5
+EXAMPLES = [
+    Example("short", "who ran?", "ann ran."),
+    Example("long", "when was the printing press invented?",
+            "in the fifteenth century, in mainz. " * 3),
+    Example("mid", "what do honeybees do?", "honeybees dance to tell the hive where the flowers are."),
+    Example("tiny", "why?", "so."),
+]
+
+
+@pytest.fixture(scope="module", params=["tiny_bert_dir", "tiny_gpt2_dir", "tiny_llama_dir"])
+def extractor(request, tmp_path_factory):
+    from rapids_attn.extract.shard import Extractor
+
+    model_dir = request.getfixturevalue(request.param)
+    tmp = tmp_path_factory.mktemp("inv")
+    data = write_jsonl(tmp / "d.jsonl", [{"id": e.id, "question": e.text, "context": e.text_pair, "topic": "t",
+                                          "answerable": True} for e in EXAMPLES])
+    job = make_job(tmp, model_dir, data, extract={"image_size": 16, "thumbnail_size": 4})
+    layout = StoreLayout(n_examples=len(EXAMPLES), layers=[0, 1], heads=[0, 1], feature_dim=16, image_size=16,
+                         thumb_size=4, shard_size=6, stat_names=list(STAT_NAMES))
+    ex = Extractor(job, layout, max_length=128)
+    ex.test_name = request.param
+    return ex
+
+
+@pytest.fixture(scope="module")
+def ids(extractor) -> list[list[int]]:
+    tok = tokenize(extractor.tokenizer, EXAMPLES, max_length=128)
+    assert not any(tok.truncated)
+    lengths = tok.lengths
+    assert max(lengths) >= 3 * min(lengths), lengths  # the short ones really get padded
+    return tok.input_ids
+
+
+def assert_same(a: dict, b: dict, i: int, j: int = 0):
+    for key in ("images", "thumbnails", "stats"):
+        assert torch.allclose(a[key][i], b[key][j], atol=ATOL), (key, float((a[key][i] - b[key][j]).abs().max()))
+
+
+def test_batched_equals_alone(extractor, ids):
+    together = extractor.run_batch(ids)
+    assert together["images"].shape == (len(ids), 2, 2, 16, 16)
+    assert together["thumbnails"].shape == (len(ids), 2, 2, 4, 4)
+    assert together["stats"].shape == (len(ids), 2, 2, len(STAT_NAMES))
+    for i, x in enumerate(ids):
+        alone = extractor.run_batch([x])
+        assert_same(together, alone, i)
+
+
+def test_order_in_the_batch_does_not_matter(extractor, ids):
+    fwd = extractor.run_batch(ids)
+    rev = extractor.run_batch(ids[::-1])
+    for i in range(len(ids)):
+        assert_same(fwd, rev, i, len(ids) - 1 - i)
+
+
+@torch.inference_mode()
+def test_padding_never_enters_a_map(extractor, ids):
+    """The padded member's image is the resize of its [:n, :n] crop, its stats are those of the crop,
+    and (to show the test has teeth) the uncropped padded map would have given different stats."""
+    model, tok = extractor.model, extractor.tokenizer
+    out = extractor.run_batch(ids)
+    enc = tok.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+    atts = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True).attentions
+    masks = TokenMasks.from_ids(enc["input_ids"], extractor.sep_ids, extractor.punct_ids)
+    short = min(range(len(ids)), key=lambda i: len(ids[i]))
+    n, padded_len = len(ids[short]), enc["input_ids"].shape[1]
+    assert n < padded_len
+    alone_atts = model(input_ids=torch.tensor([ids[short]]), output_attentions=True).attentions
+    for layer in (0, 1):
+        crop = atts[layer][short, :, :n, :n]
+        assert torch.allclose(crop, alone_atts[layer][0], atol=ATOL)
+        assert torch.allclose(out["images"][short, layer], area_resize(crop, 16), atol=ATOL)
+        assert torch.allclose(out["thumbnails"][short, layer], area_resize(area_resize(crop, 16), 4), atol=ATOL)
+        stats = map_stats(crop, masks.sep[short, :n], masks.punct[short, :n], extractor.causal)
+        assert torch.allclose(out["stats"][short, layer], stats, atol=ATOL)
+        full = atts[layer][short]  # [head, L, L], padding rows included
+        wrong = map_stats(full, masks.sep[short], masks.punct[short], extractor.causal)
+        assert not torch.allclose(wrong, stats, atol=1e-3)
+
+
+def test_short_example_image_is_resize_of_its_crop_alone(extractor, ids):
+    """run_batch on a single example: image == area_resize of the model's own map of that example."""
+    x = ids[-1]
+    with torch.inference_mode():
+        att = extractor.model(input_ids=torch.tensor([x]), output_attentions=True).attentions
+    out = extractor.run_batch([x])
+    for layer in (0, 1):
+        assert torch.allclose(out["images"][0, layer], area_resize(att[layer][0], 16), atol=ATOL)
+
+
+def test_selected_layers_and_heads(extractor, ids):
+    """A layout keeping layer 1 and head 1 only gives the matching slice of the full extraction."""
+    from dataclasses import replace
+
+    full = extractor.run_batch(ids)
+    saved = extractor.layout
+    try:
+        extractor.layout = replace(saved, layers=[1], heads=[1])
+        part = extractor.run_batch(ids)
+    finally:
+        extractor.layout = saved
+    assert part["images"].shape == (len(ids), 1, 1, 16, 16)
+    assert torch.allclose(part["images"][:, 0, 0], full["images"][:, 1, 1], atol=ATOL)
+    assert torch.allclose(part["stats"][:, 0, 0], full["stats"][:, 1, 1], atol=ATOL)
+
+
+def test_causal_flag_matches_the_model(extractor):
+    assert extractor.causal is (extractor.test_name != "tiny_bert_dir")

@@ -1,0 +1,341 @@
+"""Tests for rapids_attn.extract.maps: the scalar signature on hand-built maps, area_resize,
+token masks, and the punctuation / separator vocabularies of real tokenizers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rapids_attn.extract.maps import (
+    STAT_NAMES,
+    LayerReducer,
+    TokenMasks,
+    area_resize,
+    map_stats,
+    punctuation_ids,
+    separator_ids,
+)
+
+N = 7
+S = {name: i for i, name in enumerate(STAT_NAMES)}
+
+
+def stats_of(a: torch.Tensor, sep=None, punct=None, causal: bool = False) -> dict[str, float]:
+    """map_stats of one [n, n] map as {name: value}."""
+    n = a.shape[-1]
+    sep = torch.zeros(n, dtype=torch.bool) if sep is None else sep
+    punct = torch.zeros(n, dtype=torch.bool) if punct is None else punct
+    out = map_stats(a.unsqueeze(0), sep, punct, causal)
+    assert out.shape == (1, len(STAT_NAMES)) and out.dtype == torch.float32
+    return {name: float(out[0, i]) for name, i in S.items()}
+
+
+def shifted(n: int, offset: int) -> torch.Tensor:
+    """Row i puts all its mass on i + offset; rows where that falls outside attend to themselves."""
+    a = torch.zeros(n, n)
+    for i in range(n):
+        j = i + offset
+        a[i, j if 0 <= j < n else i] = 1.0
+    return a
+
+
+def mean_distance(a: np.ndarray) -> float:
+    n = a.shape[0]
+    return float(np.mean([sum(a[i, j] * abs(i - j) for j in range(n)) for i in range(n)]))
+
+
+def test_stat_names_are_the_documented_ten():
+    assert STAT_NAMES == ("entropy", "entropy_norm", "first", "sep", "punct", "self", "prev", "next",
+                          "distance", "max")
+
+
+def test_identity_map():
+    s = stats_of(torch.eye(N))
+    assert s["self"] == pytest.approx(1.0)
+    assert s["entropy"] == pytest.approx(0.0, abs=1e-6)
+    assert s["entropy_norm"] == pytest.approx(0.0, abs=1e-6)
+    assert s["max"] == pytest.approx(1.0)
+    assert s["distance"] == pytest.approx(0.0)
+    assert s["prev"] == pytest.approx(0.0)
+    assert s["next"] == pytest.approx(0.0)
+    assert s["first"] == pytest.approx(1 / N)  # only row 0 puts mass on position 0
+
+
+def test_uniform_map():
+    a = torch.full((N, N), 1 / N)
+    s = stats_of(a)
+    assert s["entropy"] == pytest.approx(math.log(N), rel=1e-5)
+    assert s["entropy_norm"] == pytest.approx(1.0, rel=1e-5)
+    assert s["first"] == pytest.approx(1 / N, rel=1e-5)
+    assert s["max"] == pytest.approx(1 / N, rel=1e-5)
+    assert s["self"] == pytest.approx(1 / N, rel=1e-5)
+    assert s["prev"] == pytest.approx(1 / N, rel=1e-5)
+    assert s["next"] == pytest.approx(1 / N, rel=1e-5)
+    assert s["distance"] == pytest.approx(mean_distance(a.numpy()), rel=1e-5)
+    # and that independent value is the textbook (n^2 - 1) / (3n)
+    assert s["distance"] == pytest.approx((N * N - 1) / (3 * N), rel=1e-5)
+
+
+def test_previous_token_map():
+    s = stats_of(shifted(N, -1))  # row 0 attends to itself, row i to i - 1
+    assert s["prev"] == pytest.approx(1.0)
+    assert s["next"] == pytest.approx(0.0)
+    assert s["self"] == pytest.approx(1 / N)
+    assert s["distance"] == pytest.approx((N - 1) / N)
+    assert s["entropy"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_next_token_map():
+    s = stats_of(shifted(N, +1))  # row i attends to i + 1, the last row to itself
+    assert s["next"] == pytest.approx(1.0)
+    assert s["prev"] == pytest.approx(0.0)
+    assert s["self"] == pytest.approx(1 / N)
+    assert s["distance"] == pytest.approx((N - 1) / N)
+
+
+def test_first_token_map():
+    a = torch.zeros(N, N)
+    a[:, 0] = 1.0
+    s = stats_of(a)
+    assert s["first"] == pytest.approx(1.0)
+    assert s["max"] == pytest.approx(1.0)
+    assert s["sep"] == pytest.approx(0.0)
+    assert s["distance"] == pytest.approx(mean_distance(a.numpy()))
+
+
+def test_sep_map_and_position_zero_is_never_sep():
+    sep_id, word_id = 102, 7
+    ids = torch.tensor([[sep_id, word_id, word_id, sep_id, word_id, word_id, word_id]])
+    masks = TokenMasks.from_ids(ids, torch.tensor([sep_id]), torch.tensor([], dtype=torch.long))
+    # position 0 holds a sep id but is counted as "first" only; position 3 is a separator
+    assert masks.sep[0].tolist() == [False, False, False, True, False, False, False]
+
+    to_sep = torch.zeros(N, N)
+    to_sep[:, 3] = 1.0
+    s = stats_of(to_sep, sep=masks.sep[0])
+    assert s["sep"] == pytest.approx(1.0)
+    assert s["first"] == pytest.approx(0.0)
+
+    to_first = torch.zeros(N, N)
+    to_first[:, 0] = 1.0
+    s = stats_of(to_first, sep=masks.sep[0])
+    assert s["first"] == pytest.approx(1.0)
+    assert s["sep"] == pytest.approx(0.0)  # mass on position 0 is not counted twice
+
+
+def test_punct_mass_with_mask():
+    ids = torch.tensor([[1, 5, 9, 5, 2, 9, 3]])
+    punct_ids = torch.tensor([5, 9])
+    masks = TokenMasks.from_ids(ids, torch.tensor([], dtype=torch.long), punct_ids)
+    assert masks.punct[0].tolist() == [False, True, True, True, False, True, False]
+    a = torch.full((N, N), 1 / N)
+    s = stats_of(a, punct=masks.punct[0])
+    assert s["punct"] == pytest.approx(4 / N, rel=1e-5)
+    # all mass on one punctuation column
+    a = torch.zeros(N, N)
+    a[:, 2] = 1.0
+    assert stats_of(a, punct=masks.punct[0])["punct"] == pytest.approx(1.0)
+    a = torch.zeros(N, N)
+    a[:, 4] = 1.0
+    assert stats_of(a, punct=masks.punct[0])["punct"] == pytest.approx(0.0)
+
+
+def test_causal_uniform_map():
+    a = torch.tril(torch.ones(N, N))
+    a = a / a.sum(-1, keepdim=True)  # row i uniform over 0..i
+    s = stats_of(a, causal=True)
+    assert s["entropy_norm"] == pytest.approx(1.0, rel=1e-5)  # row 0 (one key) is excluded
+    assert s["entropy"] == pytest.approx(np.mean([math.log(i + 1) for i in range(N)]), rel=1e-5)
+    assert s["distance"] == pytest.approx(mean_distance(a.numpy()), rel=1e-5)
+    assert s["first"] == pytest.approx(np.mean([1 / (i + 1) for i in range(N)]), rel=1e-5)
+    # read as bidirectional, the same map is not uniform over the n keys
+    assert stats_of(a, causal=False)["entropy_norm"] < 0.9
+
+
+def test_stats_per_head_and_single_token():
+    a = torch.stack([torch.eye(N), torch.full((N, N), 1 / N)])
+    out = map_stats(a, torch.zeros(N, dtype=torch.bool), torch.zeros(N, dtype=torch.bool), causal=False)
+    assert out.shape == (2, len(STAT_NAMES))
+    assert out[0, S["entropy_norm"]] == pytest.approx(0.0, abs=1e-6)
+    assert out[1, S["entropy_norm"]] == pytest.approx(1.0, rel=1e-5)
+    one = map_stats(torch.ones(1, 1, 1), torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool), True)
+    assert torch.isfinite(one).all()
+    assert one[0, S["self"]] == 1.0 and one[0, S["first"]] == 1.0 and one[0, S["entropy_norm"]] == 0.0
+
+
+# --- area_resize ------------------------------------------------------------------------------
+
+
+def random_stochastic(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(n, n, generator=g)
+    return a / a.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("n,size", [
+    (4, 16), (8, 16), (16, 16), (32, 8), (48, 16), (64, 32),  # sizes that divide: exact
+    (5, 16),    # upsampling by a non-integer factor
+    (21, 8),    # downsampling by a non-integer factor
+    (37, 32),   # the common case: n a little above image_size
+    (200, 32),  # the docstring's own example
+])
+def test_area_resize_preserves_the_mean(n, size):
+    for a in (random_stochastic(n, seed=n), torch.eye(n)):
+        out = area_resize(a, size)
+        assert out.shape == (size, size)
+        # area averaging keeps the average value, so total mass scales by (size / n)^2
+        assert float(out.mean()) == pytest.approx(float(a.mean()), rel=1e-4)
+        assert float(out.sum()) == pytest.approx(float(a.sum()) * (size / n) ** 2, rel=1e-4)
+
+
+def test_area_resize_exact_blocks_when_sizes_divide():
+    a = random_stochastic(32)
+    out = area_resize(a, 8)
+    expected = a.reshape(8, 4, 8, 4).mean(dim=(1, 3))
+    assert torch.allclose(out, expected, atol=1e-6)
+    up = area_resize(torch.eye(4), 8)  # upsampling replicates each cell into a 2x2 block
+    assert torch.equal(up, torch.eye(4).repeat_interleave(2, 0).repeat_interleave(2, 1))
+
+
+def test_area_resize_keeps_block_diagonal_structure():
+    n, size = 24, 8
+    a = torch.zeros(n, n)
+    for b in range(4):  # four 6x6 blocks
+        a[b * 6:(b + 1) * 6, b * 6:(b + 1) * 6] = 1 / 6
+    out = area_resize(a, size)
+    blocks = torch.zeros(size, size)
+    for b in range(4):
+        blocks[b * 2:(b + 1) * 2, b * 2:(b + 1) * 2] = 1.0
+    assert torch.allclose(out[blocks == 0], torch.zeros(1), atol=0)
+    assert torch.allclose(out[blocks == 1], torch.tensor(1 / 6), atol=1e-6)
+
+
+def test_area_resize_keeps_leading_dims():
+    a = torch.stack([random_stochastic(10, seed=s) for s in range(6)]).reshape(2, 3, 10, 10)
+    out = area_resize(a, 4)
+    assert out.shape == (2, 3, 4, 4)
+    assert torch.allclose(out[1, 2], area_resize(a[1, 2], 4))
+
+
+# --- LayerReducer -----------------------------------------------------------------------------
+
+
+def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
+    lengths = [3, 5]
+    ids = torch.tensor([[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]])
+    masks = TokenMasks.from_ids(ids, torch.tensor([3]), torch.tensor([2]))
+    red = LayerReducer(lengths, masks, layers=[1], heads=[2, 0], image_size=4, thumb_size=2,
+                       causal=False, device="cpu")
+    w = torch.rand(2, 3, 5, 5)
+    w[0, :, :, 3:] = 1e3  # garbage in the padding of example 0: must never be read
+    w[0, :, 3:, :] = 1e3
+    red(0, torch.full_like(w, float("nan")))  # layer 0 is not kept: ignored
+    red(1, w)
+    assert torch.isfinite(red.images).all() and torch.isfinite(red.stats).all()
+    for b, n in enumerate(lengths):
+        for k, h in enumerate([2, 0]):
+            crop = w[b, h, :n, :n]
+            assert torch.allclose(red.images[b, 0, k], area_resize(crop, 4))
+            assert torch.allclose(red.thumbs[b, 0, k], area_resize(area_resize(crop, 4), 2))
+            ref = map_stats(crop[None], masks.sep[b, :n], masks.punct[b, :n], False)[0]
+            assert torch.allclose(red.stats[b, 0, k], ref)
+    assert red.images.shape == (2, 1, 2, 4, 4) and red.stats.shape == (2, 1, 2, len(STAT_NAMES))
+
+
+def test_layer_reducer_without_thumbnails():
+    masks = TokenMasks.from_ids(torch.tensor([[1, 2]]), torch.tensor([9]), torch.tensor([9]))
+    red = LayerReducer([2], masks, [0], [0], image_size=4, thumb_size=0, causal=True, device="cpu")
+    red(0, torch.eye(2).reshape(1, 1, 2, 2))
+    assert red.thumbs is None
+    assert red.stats[0, 0, 0, S["self"]] == pytest.approx(1.0)
+
+
+# --- punctuation_ids / separator_ids on real tokenizers ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+
+    from rapids_attn.extract.model import resolve_model_name
+
+    return AutoTokenizer.from_pretrained(resolve_model_name("minilm-l6"))
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer(tiny_gpt2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+
+
+def test_minilm_punctuation_and_separators(minilm_tokenizer):
+    tok = minilm_tokenizer
+    punct = set(punctuation_ids(tok).tolist())
+    for p in (".", ",", "?"):
+        assert tok.convert_tokens_to_ids(p) in punct, p
+    for w in ("the", "[SEP]", "[CLS]", "[PAD]", "##s"):
+        assert tok.convert_tokens_to_ids(w) not in punct, w
+    seps = separator_ids(tok).tolist()
+    assert seps == [tok.sep_token_id]  # BERT has no eos token
+    assert tok.convert_tokens_to_ids("[SEP]") in seps
+
+
+def test_bpe_punctuation_and_separators(bpe_tokenizer):
+    tok = bpe_tokenizer
+    seps = separator_ids(tok).tolist()
+    assert seps == [tok.convert_tokens_to_ids("<|endoftext|>")]
+    punct = set(punctuation_ids(tok).tolist())
+    dot = tok("fox.", add_special_tokens=False)["input_ids"][-1]
+    assert tok.convert_ids_to_tokens(dot) == "."
+    assert dot in punct
+    q = tok(" invented?", add_special_tokens=False)["input_ids"][-1]
+    assert tok.convert_ids_to_tokens(q) == "?" and q in punct
+    the = tok(" the", add_special_tokens=False)["input_ids"]
+    assert len(the) == 1 and tok.convert_ids_to_tokens(the[0]) == "Ġthe"
+    assert the[0] not in punct
+    assert tok.convert_tokens_to_ids("<|endoftext|>") not in punct
+    # a leading-space variant, if the BPE learned one, is punctuation too
+    vocab = tok.get_vocab()
+    if "Ġ." in vocab:
+        assert vocab["Ġ."] in punct
+    # every id in the list decodes to punctuation only
+    for i in punct:
+        s = tok.convert_ids_to_tokens(i).replace("Ġ", "").replace("Ċ", "").strip()
+        assert s and all(not c.isalnum() for c in s), tok.convert_ids_to_tokens(i)
+
+
+def test_minilm_hash_sign_is_punctuation(minilm_tokenizer):
+    tok = minilm_tokenizer
+    assert tok.tokenize("issue #5") == ["issue", "#", "5"]
+    punct = set(punctuation_ids(tok).tolist())
+    assert tok.convert_tokens_to_ids("#") in punct
+    assert tok.convert_tokens_to_ids("###") in punct
+
+
+def test_bpe_pieces_of_accented_letters_are_not_punctuation(bpe_tokenizer):
+    tok = bpe_tokenizer
+    punct = set(punctuation_ids(tok).tolist())
+    for word in ("Köln", "façade", "Málaga"):
+        ids = tok(word, add_special_tokens=False)["input_ids"]
+        flagged = [tok.convert_ids_to_tokens(i) for i in ids if i in punct]
+        assert flagged == [], (word, flagged)
+
+
+def test_bpe_multibyte_punctuation_tokens_are_punctuation():
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["don’t say “yes” — or ‘no’."] * 20, vocab_size=300, min_frequency=1,
+                            special_tokens=["<|endoftext|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
+    punct = set(punctuation_ids(tok).tolist())
+    for text, mark in (("don’t", "’"), ("“yes”", "”")):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        whole = [i for i in ids if tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)]) == mark]
+        assert whole, f"the test tokenizer should have learned {mark} as one token"
+        assert all(i in punct for i in whole), mark

@@ -1,0 +1,157 @@
+"""Tests for rapids_attn.extract.model: name resolution (preset, folder, hub id), describe_model,
+and loading a hub id from an offline HuggingFace cache."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rapids_attn.errors import ModelError
+from rapids_attn.extract.model import describe_model, load_model, load_tokenizer, resolve_model_name
+from rapids_attn.job import ModelConfig
+
+# --- resolve_model_name -----------------------------------------------------------------------
+
+
+def test_preset_resolves_to_a_model_folder():
+    p = Path(resolve_model_name("minilm-l6"))
+    assert p.is_absolute() and p.is_dir()
+    assert (p / "config.json").is_file()
+
+
+def test_local_folder_becomes_absolute(tiny_bert_dir, monkeypatch):
+    monkeypatch.chdir(tiny_bert_dir.parent)
+    out = resolve_model_name(tiny_bert_dir.name)
+    assert Path(out).is_absolute()
+    assert Path(out) == tiny_bert_dir.resolve()
+    assert resolve_model_name(f"./{tiny_bert_dir.name}") == out
+
+
+def test_folder_without_config_rejected(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ModelError, match=r"model.name: folder .* has no config.json"):
+        resolve_model_name(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["./nope", "/definitely/not/here", "~/no-such-model-folder", "a/b/c"])
+def test_missing_path_rejected(name):
+    with pytest.raises(ModelError, match="model.name: no such model folder"):
+        resolve_model_name(name)
+
+
+@pytest.mark.parametrize("name", ["org/name", "bert-base-uncased"])
+def test_hub_ids_returned_as_is(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no folder of that name here
+    assert resolve_model_name(name) == name
+
+
+# --- describe_model ---------------------------------------------------------------------------
+
+
+def test_describe_minilm():
+    info = describe_model(ModelConfig(name="minilm-l6"))
+    assert (info.model_type, info.n_layers, info.n_heads, info.max_length) == ("bert", 6, 12, 512)
+    assert info.source == resolve_model_name("minilm-l6")
+    assert describe_model(ModelConfig(name="minilm-l6", max_length=64)).max_length == 64
+    with pytest.raises(ModelError, match="model.max_length: 600 exceeds the model's 512 positions"):
+        describe_model(ModelConfig(name="minilm-l6", max_length=600))
+
+
+@pytest.fixture
+def long_context_config(tmp_path) -> Path:
+    """A config-only folder for a BERT with 4096 positions (describe_model reads nothing else)."""
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+               max_position_embeddings=4096).save_pretrained(tmp_path / "long")
+    return tmp_path / "long"
+
+
+def test_default_max_length_is_capped_at_1024(long_context_config):
+    assert describe_model(ModelConfig(name=str(long_context_config))).max_length == 1024
+    assert describe_model(ModelConfig(name=str(long_context_config), max_length=1000)).max_length == 1000
+
+
+def test_explicit_max_length_above_the_default_cap(long_context_config):
+    assert describe_model(ModelConfig(name=str(long_context_config), max_length=2048)).max_length == 2048
+    with pytest.raises(ModelError, match="exceeds the model's 4096 positions; set it to 4096 or less"):
+        describe_model(ModelConfig(name=str(long_context_config), max_length=5000))
+
+
+def test_describe_tiny_gpt2(tiny_gpt2_dir):
+    info = describe_model(ModelConfig(name=str(tiny_gpt2_dir)))
+    assert info.model_type == "gpt2"
+    assert info.n_layers == 2 and info.n_heads == 2
+    assert info.max_length == 128  # n_positions
+    with pytest.raises(ModelError, match="model.max_length: 200 exceeds the model's 128 positions"):
+        describe_model(ModelConfig(name=str(tiny_gpt2_dir), max_length=200))
+
+
+def test_load_tiny_models_eager_and_right_padded(tiny_llama_dir):
+    cfg = ModelConfig(name=str(tiny_llama_dir))
+    model = load_model(cfg, "cpu")
+    assert model.config._attn_implementation == "eager"
+    assert not model.training
+    assert next(model.parameters()).dtype == torch.float32  # dtype auto on CPU
+    tok = load_tokenizer(cfg)
+    assert tok.padding_side == "right"
+    assert tok.pad_token == "<|endoftext|>"  # the BPE tokenizer has no pad token: eos stands in
+
+
+# --- hub ids from an offline cache ------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_hub(tmp_path, tiny_bert_dir, monkeypatch):
+    """A HuggingFace cache holding ``testorg/tiny-bert`` (the tiny BERT's files), offline mode on."""
+    import huggingface_hub.constants as hf_constants
+
+    home = tmp_path / "hf"
+    cache = home / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--testorg--tiny-bert"
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in tiny_bert_dir.iterdir():
+        shutil.copy(f, snap / f.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads these once, at import: patch the module constants it (and transformers) use
+    monkeypatch.setattr(hf_constants, "HF_HOME", str(home))
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # so "testorg/tiny-bert" is not mistaken for a local folder
+    return cache
+
+
+def test_hub_id_described_and_loaded_offline(fake_hub, tiny_bert_dir):
+    cfg = ModelConfig(name="testorg/tiny-bert")
+    assert resolve_model_name(cfg.name) == "testorg/tiny-bert"
+    info = describe_model(cfg)
+    assert (info.source, info.model_type, info.n_layers, info.n_heads, info.max_length) == \
+        ("testorg/tiny-bert", "bert", 2, 2, 128)
+    model = load_model(cfg, "cpu")
+    assert model.config.num_hidden_layers == 2
+    ref = load_model(ModelConfig(name=str(tiny_bert_dir)), "cpu")
+    for (k, a), (_, b) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), k
+    tok = load_tokenizer(cfg)
+    assert tok("a b")["input_ids"][0] == tok.cls_token_id
+
+
+def test_uncached_hub_id_offline_fails_with_advice(fake_hub):
+    cfg = ModelConfig(name="testorg/not-cached")
+    with pytest.raises(ModelError, match="with no network, use a local folder or the preset minilm-l6") as err:
+        describe_model(cfg)
+    assert str(err.value).startswith("model.name: cannot load 'testorg/not-cached'")
+    with pytest.raises(ModelError, match="model.name: cannot load the weights of 'testorg/not-cached'"):
+        load_model(cfg, "cpu")
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
