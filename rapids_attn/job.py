@@ -136,8 +136,9 @@ class RuntimeConfig(Section):
     address: str | None = None
     scheduler_file: Path | None = None
     dashboard_address: str = "127.0.0.1:8787"
-    #: local-cuda: RMM pool size per GPU (e.g. "24GB"); None leaves RMM's default.
-    rmm_pool_size: str | None = "auto"
+    #: local-cuda: RMM pool per GPU: a size ("24GB"), a fraction of the GPU's memory (0.8), "auto"
+    #: (0.8), or None for no pool.
+    rmm_pool_size: float | str | None = "auto"
     #: where the fit runs: ``auto`` (cuML when importable and a GPU is visible), ``cpu``, ``gpu``.
     learn_backend: Literal["auto", "cpu", "gpu"] = "auto"
     seed: int = 0
@@ -171,7 +172,8 @@ class JobConfig(Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(str(self.output.dir).format(name=self.name))
+        """Absolute, so workers started elsewhere (multi-node) find the same store."""
+        return Path(str(self.output.dir).format(name=self.name)).expanduser().absolute()
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

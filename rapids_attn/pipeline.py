@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,6 +208,18 @@ def open_store(plan: Plan, need: str):
     return zarr.open_group(str(plan.store_path), mode="r+")
 
 
+def _keep_for_learn(client, stack: ExitStack, backend, runtime_desc: dict):
+    """Keep the cluster only for a multi-GPU fit (cuml.dask), after the workers drop their models;
+    otherwise close it now, so idle workers (and their RMM pools) do not hold memory the fit needs."""
+    from rapids_attn.extract.shard import release_worker_cache
+
+    if backend is not None and backend.gpu and runtime_desc.get("n_workers", 0) > 1:
+        client.run(release_worker_cache)
+        return client
+    stack.close()
+    return None
+
+
 def write_resolved_job(plan: Plan) -> None:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     tmp = plan.run_dir / "job.yaml.tmp"
@@ -230,34 +243,32 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = STAGES, overwrite: bool = 
         from rapids_attn.backends import resolve_learn_backend
 
         backend = resolve_learn_backend(cfg.runtime.learn_backend)
-    if "extract" in stages or "learn" in stages:
-        from rapids_attn.runtime import Runtime
+    need_cluster = "extract" in stages or (backend is not None and backend.gpu)
+    with ExitStack() as stack:
+        client = None
+        if need_cluster:
+            from rapids_attn.runtime import Runtime
 
-        need_cluster = "extract" in stages or (backend is not None and backend.gpu)
-        rt = Runtime(cfg.runtime) if need_cluster else None
-        client = rt.__enter__() if rt is not None else None
-        try:
-            if rt is not None:
-                runtime_desc = rt.description
-                print(f"rapids_attn: {runtime_desc['n_workers']} worker(s) on {cfg.runtime.cluster}; "
-                      f"dashboard: {runtime_desc['dashboard']}", file=sys.stderr, flush=True)
-            if "extract" in stages:
-                t = time.perf_counter()
-                extract_info = run_extract(plan, client, overwrite)
-                plan.timings["extract"] = time.perf_counter() - t
-            if "learn" in stages:
-                from rapids_attn.learn import run_learn
+            rt = Runtime(cfg.runtime)
+            client = stack.enter_context(rt)
+            runtime_desc = rt.description
+            print(f"rapids_attn: {runtime_desc['n_workers']} worker(s) on {cfg.runtime.cluster}; "
+                  f"dashboard: {runtime_desc['dashboard']}", file=sys.stderr, flush=True)
+        if "extract" in stages:
+            t = time.perf_counter()
+            extract_info = run_extract(plan, client, overwrite)
+            plan.timings["extract"] = time.perf_counter() - t
+        if client is not None:
+            client = _keep_for_learn(client, stack, backend, runtime_desc)
+        if "learn" in stages:
+            from rapids_attn.learn import run_learn
+            from rapids_attn.store.zarr_store import consolidate
 
-                g = open_store(plan, "learn")
-                t = time.perf_counter()
-                learn_info = run_learn(g, cfg, backend, client)
-                plan.timings["learn"] = time.perf_counter() - t
-                from rapids_attn.store.zarr_store import consolidate
-
-                consolidate(plan.store_path)
-        finally:
-            if rt is not None:
-                rt.__exit__(None, None, None)
+            g = open_store(plan, "learn")
+            t = time.perf_counter()
+            learn_info = run_learn(g, cfg, backend, client)
+            consolidate(plan.store_path)
+            plan.timings["learn"] = time.perf_counter() - t
     summary = None
     if "explain" in stages:
         g = open_store(plan, "explain")

@@ -90,9 +90,8 @@ class Runtime:
         elif cfg.cluster == "local-cuda":
             from dask_cuda import LocalCUDACluster
 
-            kw = {} if cfg.rmm_pool_size in (None, "auto") else {"rmm_pool_size": cfg.rmm_pool_size}
-            if cfg.rmm_pool_size == "auto":
-                kw["rmm_pool_size"] = 0.8  # a fraction of each GPU's memory
+            pool = 0.8 if cfg.rmm_pool_size == "auto" else cfg.rmm_pool_size  # 0.8: a fraction of each GPU
+            kw = {} if pool is None else {"rmm_pool_size": pool}
             self.cluster = LocalCUDACluster(
                 n_workers=n, threads_per_worker=cfg.threads_per_worker, dashboard_address=cfg.dashboard_address,
                 silence_logs=logging.ERROR, **kw,

@@ -41,8 +41,9 @@ class LearnBackend:
     def read(self, array, sl) -> Any:
         """Read a block of a zarr array as float32 on the backend's device.
 
-        On the GPU, zarr's GPU mode decodes zstd chunks with nvCOMP into device memory, so the
-        block arrives as a CuPy array without passing through host memory decoded.
+        On the GPU the block is read in zarr's GPU mode and arrives as a CuPy array (no NumPy copy
+        in between). zarr 3.1 still decodes chunks on the host and copies them over; the store uses
+        plain zstd so that zarr's nvCOMP zstd codec can decode on the device where it is available.
         """
         if not self.gpu:
             return np.asarray(array[sl], dtype=np.float32)

@@ -160,3 +160,13 @@ def get_extractor(task: ShardTask) -> Extractor:
 def process_shard(task: ShardTask) -> ShardResult:
     """The function Dask runs: load (once) and process one shard."""
     return get_extractor(task).process(task)
+
+
+def release_worker_cache() -> int:
+    """Drop this worker's model and embedder (and cached CUDA blocks); returns how many were held."""
+    with _LOCK:
+        n = len(_CACHE)
+        _CACHE.clear()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return n

@@ -132,7 +132,7 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
     model.fit(x_fit)
     timings["fit"] = time.perf_counter() - t1
 
-    k = int(model.pca.n_components if hasattr(model.pca, "n_components") else min(cfg.reduce.pca_components, d))
+    k = int(getattr(model.pca, "n_components_", None) or min(cfg.reduce.pca_components, d))
     reduced_a, coords_a, labels_a = _output_arrays(g, e, nl, nh, rows, k)
     t2 = time.perf_counter()
     counts: dict[int, int] = {}

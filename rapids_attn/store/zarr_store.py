@@ -41,8 +41,8 @@ class StoreLayout:
 
 
 def _compressors(level: int):
-    # Plain zstd rather than Blosc: zarr's GPU mode (zarr.config.enable_gpu) decodes zstd chunks on
-    # the device with nvCOMP, so the GPU learn stage gets CuPy arrays straight from the store.
+    # Plain zstd rather than Blosc: zarr's GPU work (nvCOMP codecs under zarr.config.enable_gpu)
+    # targets zstd, so the GPU learn stage can decode on the device where that codec is available.
     return None if level == 0 else ZstdCodec(level=level)
 
 

@@ -138,5 +138,5 @@ def test_name_pattern(tmp_path):
 
 def test_run_dir_uses_name(tmp_path):
     cfg = load_job(minimal(tmp_path, "name: demo\n"))
-    assert cfg.run_dir == Path("runs/demo")
+    assert cfg.run_dir == Path.cwd() / "runs" / "demo"  # absolute: workers elsewhere find it
     assert isinstance(cfg, JobConfig)
