@@ -113,16 +113,50 @@ class ReduceConfig(Section):
     umap: UmapConfig = UmapConfig()
     #: fit on a seeded sample of at most this many maps, then transform / assign every map.
     fit_sample: int = Field(200_000, gt=0)
+    #: ``group``: draw the fit sample evenly across example groups (e.g. SQuAD articles), so groups
+    #: with many examples (many questions on one context) do not dominate the fit.
+    sample_by: Literal["none", "group"] = "none"
 
 
 class ClusterConfig(Section):
     method: Literal["kmeans", "dbscan", "hdbscan"] = "kmeans"
-    n_clusters: int = Field(8, ge=2)
+    #: kmeans: the number of clusters, or ``auto`` (the best silhouette of the k sweep).
+    n_clusters: int | Literal["auto"] = 8
+    #: kmeans: [first, last] cluster counts to sweep (inertia and silhouette on a sample); None skips.
+    k_sweep: list[int] | None = Field(default_factory=lambda: [2, 16], min_length=2, max_length=2)
+    #: maps drawn from the fit sample for the sweep.
+    sweep_sample: int = Field(20_000, gt=0)
     eps: float = Field(0.5, gt=0)
     min_samples: int = Field(5, ge=1)
     min_cluster_size: int = Field(20, ge=2)
     #: maps sampled for the silhouette score in summary.json (0 skips it).
     silhouette_sample: int = Field(5000, ge=0)
+
+    @model_validator(mode="after")
+    def _k(self) -> ClusterConfig:
+        if isinstance(self.n_clusters, int) and self.n_clusters < 2:
+            raise ValueError(f"n_clusters must be at least 2 or auto, got {self.n_clusters}")
+        if self.k_sweep is not None and not (2 <= self.k_sweep[0] < self.k_sweep[1]):
+            raise ValueError(f"k_sweep must be [first, last] with 2 <= first < last, got {self.k_sweep}")
+        if self.n_clusters == "auto" and (self.k_sweep is None or self.method != "kmeans"):
+            raise ValueError("n_clusters: auto picks k from the k sweep; it needs method kmeans and a k_sweep")
+        return self
+
+
+class ExplainConfig(Section):
+    #: write report/index.html with its figures.
+    report: bool = True
+    #: exemplar thumbnails per cluster in the report (nearest to the centre first, then random members).
+    exemplars: int = Field(8, ge=1, le=64)
+    #: examples per cluster shown as interactive BertViz head views (0 writes none).
+    head_views: int = Field(2, ge=0, le=10)
+    #: maps drawn for the 2-D scatter plots.
+    scatter_sample: int = Field(20_000, gt=0)
+    #: a cluster is flagged as "dominated by one group" when more than this share of its maps comes
+    #: from one group, and that is at least twice the group's overall share.
+    group_dominance: float = Field(0.5, gt=0, le=1)
+    #: label permutations (examples shuffled as units) for the metadata p-values.
+    permutations: int = Field(200, ge=0)
 
 
 class RuntimeConfig(Section):
@@ -167,6 +201,7 @@ class JobConfig(Section):
     store: StoreConfig = StoreConfig()
     reduce: ReduceConfig = ReduceConfig()
     cluster: ClusterConfig = ClusterConfig()
+    explain: ExplainConfig = ExplainConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
 

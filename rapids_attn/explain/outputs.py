@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rapids_attn import __version__
+from rapids_attn.store.zarr_store import read_strings
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -32,9 +33,7 @@ def write_maps_table(g, path: Path) -> int:
     layers = np.asarray(g["layer"][:], dtype=np.int16)
     heads = np.asarray(g["head"][:], dtype=np.int16)
     stat_names = [str(s) for s in g["stat"][:]]
-    ids = np.asarray(g["example_id"][:]).astype(object)
-    groups = np.asarray(g["example_group"][:]).astype(object)
-    labels = np.asarray(g["example_label"][:]).astype(object)
+    ids, groups, labels = (read_strings(g[n]).astype(object) for n in ("example_id", "example_group", "example_label"))
     tmp = path.with_suffix(".parquet.tmp")
     writer = None
     total = 0

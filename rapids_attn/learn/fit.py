@@ -22,7 +22,7 @@ import numpy as np
 import zarr
 
 from rapids_attn.backends import LearnBackend
-from rapids_attn.store.zarr_store import mark_learn
+from rapids_attn.store.zarr_store import mark_learn, read_strings
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,43 @@ def _blocks(n_examples: int, rows: int):
         yield start, min(start + rows, n_examples)
 
 
-def _sample_maps(n_maps: int, size: int, seed: int) -> np.ndarray:
+def _sample_maps(n_maps: int, size: int, seed: int, groups: np.ndarray | None = None,
+                 maps_per_example: int = 1) -> np.ndarray:
+    """Sorted flat map indices of a seeded sample of at most ``size`` maps.
+
+    With ``groups`` (one code per example), each group contributes an equal share (or all it has,
+    the rest being spread over the larger groups), so a group with many examples cannot dominate.
+    """
     if n_maps <= size:
         return np.arange(n_maps)
-    return np.sort(np.random.default_rng(seed).choice(n_maps, size, replace=False))
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        return np.sort(rng.choice(n_maps, size, replace=False))
+    map_groups = np.repeat(groups, maps_per_example)
+    members = [np.flatnonzero(map_groups == g) for g in np.unique(groups)]
+    quota, left = {}, size
+    for i in sorted(range(len(members)), key=lambda i: len(members[i])):  # smallest groups first
+        share = left // (len(members) - len(quota))
+        quota[i] = min(len(members[i]), share)
+        left -= quota[i]
+    return np.sort(np.concatenate([rng.choice(members[i], quota[i], replace=False) for i in quota]))
+
+
+def sweep_k(backend: LearnBackend, z, k_range: list[int], sample: int, sil_sample: int, seed: int) -> dict:
+    """KMeans inertia and silhouette for each k in [first, last] on a seeded sample of ``z``."""
+    n = z.shape[0]
+    idx = _sample_maps(n, sample, seed)
+    zs = z[backend.xp.asarray(idx)] if backend.gpu else z[idx]
+    ks = [k for k in range(k_range[0], k_range[1] + 1) if k < len(idx)]
+    inertia, sil = [], []
+    for k in ks:
+        km = backend.kmeans(k, seed)
+        labels = km.fit_predict(zs)
+        inertia.append(float(km.inertia_))
+        sil.append(backend.silhouette(zs, labels, sil_sample, seed))
+    scored = [(s, k) for k, s in zip(ks, sil) if s is not None]
+    best = max(scored)[1] if scored else None
+    return {"k": ks, "inertia": inertia, "silhouette": sil, "best_silhouette_k": best, "n": int(len(idx))}
 
 
 def _read_sample(backend: LearnBackend, feats, idx: np.ndarray, rows: int):
@@ -65,6 +98,7 @@ class _Model:
         self.fit_z = None
         self.fit_labels = None
         self.nn = None
+        self.sweep = None
 
     def fit(self, x):
         c = self.cfg.cluster
@@ -73,7 +107,14 @@ class _Model:
         if self.umap is not None:
             z = self.umap.fit_transform(z)
         if self.method == "kmeans":
-            self.clusterer = self.backend.kmeans(c.n_clusters, self.seed)
+            if c.k_sweep is not None:
+                self.sweep = sweep_k(self.backend, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed)
+            k = c.n_clusters
+            if k == "auto":
+                k = self.sweep["best_silhouette_k"] or c.k_sweep[0]
+            if self.sweep is not None:
+                self.sweep["chosen"] = int(k)
+            self.clusterer = self.backend.kmeans(int(k), self.seed)
             labels = self.clusterer.fit_predict(z)
         elif self.method == "dbscan":
             labels = self.backend.dbscan(c.eps, c.min_samples).fit_predict(z)
@@ -120,7 +161,10 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
     timings = {}
 
     t0 = time.perf_counter()
-    idx = _sample_maps(n_maps, cfg.reduce.fit_sample, seed)
+    groups = None
+    if cfg.reduce.sample_by == "group":
+        _, groups = np.unique(read_strings(g["example_group"]), return_inverse=True)
+    idx = _sample_maps(n_maps, cfg.reduce.fit_sample, seed, groups, nl * nh)
     x_fit = _read_sample(backend, feats, idx, rows)
     timings["read_sample"] = time.perf_counter() - t0
 
@@ -169,6 +213,8 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
         "noise_share": counts.get(-1, 0) / n_maps if n_maps else 0.0,
         "silhouette": sil,
         "silhouette_sample": min(cfg.cluster.silhouette_sample, int(len(idx))),
+        "k_sweep": model.sweep,
+        "sample_by": cfg.reduce.sample_by,
         "seconds": timings,
     }
     mark_learn(g, True, info)

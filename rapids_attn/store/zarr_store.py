@@ -134,6 +134,11 @@ def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> 
     return zarr.open_group(str(path), mode="r+")
 
 
+def read_strings(array) -> np.ndarray:
+    """A zarr string array as a fixed-width NumPy ``str`` array (zarr returns NumPy's StringDType)."""
+    return np.asarray(array[:]).astype(object).astype(str)
+
+
 def done_shards(g: zarr.Group) -> np.ndarray:
     return np.asarray(g["shards_done"][:], dtype=bool)
 

@@ -100,3 +100,26 @@ def test_gpu_backend_without_gpu_is_a_user_error():
     with pytest.raises(BackendUnavailableError, match="runtime.learn_backend: gpu requested but"):
         resolve_learn_backend("gpu")
     assert resolve_learn_backend("auto").name == "sklearn"
+
+
+def test_k_sweep_and_auto_pick_the_planted_k(tmp_path):
+    g, truth = planted_store(tmp_path)
+    cfg = cfg_with(tmp_path, **{"cluster.n_clusters": "auto", "cluster.k_sweep": "[2, 6]"})
+    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    sweep = info["k_sweep"]
+    assert sweep["k"] == [2, 3, 4, 5, 6]
+    assert sweep["chosen"] == sweep["best_silhouette_k"] == 3
+    assert all(a >= b for a, b in zip(sweep["inertia"], sweep["inertia"][1:]))  # inertia falls with k
+    assert info["n_clusters"] == 3
+
+
+def test_group_balanced_fit_sample():
+    from rapids_attn.learn.fit import _sample_maps
+
+    groups = np.array([0] * 90 + [1] * 5 + [2] * 5)  # one group with 90% of the examples
+    idx = _sample_maps(100 * 4, 60, 0, groups, maps_per_example=4)
+    picked = np.bincount(groups[idx // 4], minlength=3)
+    assert len(idx) == 60 and len(set(idx.tolist())) == 60
+    assert picked.tolist() == [20, 20, 20]  # equal shares, not 54 / 3 / 3
+    small = _sample_maps(100 * 4, 100, 0, np.array([0] * 98 + [1] * 2), maps_per_example=4)
+    assert np.bincount(np.array([0] * 98 + [1] * 2)[small // 4]).tolist() == [92, 8]  # small group gives all it has
