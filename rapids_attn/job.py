@@ -30,6 +30,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class ProbeConfig(Section):
+    #: repeated random-token probes appended to the dataset (for the induction detector); 0 adds none.
+    count: int = Field(0, ge=0)
+    #: random words per half; each probe is the sequence twice.
+    length: int = Field(20, ge=2, le=200)
+    seed: int = 0
+
+
 class DataConfig(Section):
     path: Path
     format: Literal["auto", "squad", "jsonl", "csv", "text", "hf"] = "auto"
@@ -40,6 +48,7 @@ class DataConfig(Section):
     limit: int | None = Field(None, gt=0)
     sample: int | None = Field(None, gt=0)
     seed: int = 0
+    probe: ProbeConfig = ProbeConfig()
 
 
 class ModelConfig(Section):

@@ -19,7 +19,7 @@ import yaml
 
 from rapids_attn.data import Example, read_examples
 from rapids_attn.errors import JobConfigError, StoreError
-from rapids_attn.extract.maps import STAT_NAMES
+from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.extract.model import ModelInfo, describe_model
 from rapids_attn.job import JobConfig
 from rapids_attn.store.zarr_store import StoreLayout
@@ -80,6 +80,12 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...], overwrite: bool = False) 
     if len(pairs) > 1:
         raise JobConfigError("data: some examples are text pairs and some are not; give every record both text fields")
     info = describe_model(cfg.model)
+    if d.probe.count:
+        from rapids_attn.data.probe import repeated_token_probes
+        from rapids_attn.extract.model import load_tokenizer
+
+        examples = examples + repeated_token_probes(load_tokenizer(cfg.model), d.probe.count, d.probe.length,
+                                                    d.probe.seed, pairs == {True})
     layers = _check_indices("layers", cfg.extract.layers, info.n_layers, cfg.model.name)
     heads = _check_indices("heads", cfg.extract.heads, info.n_heads, cfg.model.name)
 
@@ -101,7 +107,9 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...], overwrite: bool = False) 
     layout = StoreLayout(
         n_examples=len(examples), layers=layers, heads=heads, feature_dim=embedder.dim,
         image_size=cfg.extract.image_size, thumb_size=cfg.extract.thumbnail_size,
-        shard_size=cfg.extract.shard_size, stat_names=list(STAT_NAMES),
+        shard_size=cfg.extract.shard_size, stat_names=list(STAT_NAMES), profile_offsets=list(PROFILE_OFFSETS),
+        detector_names=list(DETECTOR_NAMES),
+        embed_outputs=dict(embedder.outputs), embed_attrs=dict(embedder.store_attrs),
         features_dtype=cfg.store.features_dtype, compression_level=cfg.store.compression_level,
     )
     plan = Plan(cfg, examples, info, layout, cfg.extraction_key(), cfg.run_dir)
@@ -208,6 +216,56 @@ def open_store(plan: Plan, need: str):
     return zarr.open_group(str(plan.store_path), mode="r+")
 
 
+def run_explain(plan: Plan, runtime_desc: dict, extract_info: dict | None) -> dict:
+    """maps.parquet, cluster descriptions, the report and head views; returns the summary."""
+    from rapids_attn.explain.describe import describe
+    from rapids_attn.explain.outputs import write_outputs
+    from rapids_attn.extract.model import load_tokenizer
+
+    cfg = plan.cfg
+    g = open_store(plan, "explain")
+    summary = write_outputs(plan, g, runtime_desc, extract_info)
+    d, arrays = describe(g, cfg.explain, cfg.runtime.seed, load_tokenizer(cfg.model))
+    summary["clusters"]["descriptions"] = d["clusters"]
+    summary["heads"] = d["heads_table"]
+    summary["metadata"] = d["metadata"]
+    summary["warnings"] = d["warnings"]
+    summary["clusters"]["k_sweep"] = d["k_sweep"]
+    summary["head_detectors"] = d["detectors"]
+    _store_head_detectors(g, arrays["head_detectors"], d["detectors"]["names"])
+    from rapids_attn.store.zarr_store import consolidate
+
+    consolidate(plan.store_path)
+    for w in d["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    if cfg.explain.report:
+        from rapids_attn.explain.headview import write_head_views
+        from rapids_attn.explain.report import write_report
+
+        d.update({k: summary[k] for k in ("model", "data", "counts", "backend", "seconds")})
+        d["seconds"] = {**summary["seconds"], **{k: round(v, 3) for k, v in plan.timings.items()}}
+        d["clustering"] = {"coords": "umap" if cfg.reduce.umap.enabled else "pca", "method": cfg.cluster.method, "n_clusters": summary["clusters"]["n_clusters"],
+                           "silhouette": summary["clusters"]["silhouette"],
+                           "noise_share": summary["clusters"]["noise_share"], "embedder": cfg.embed.name}
+        views = None
+        if cfg.explain.head_views:
+            try:
+                views = write_head_views(plan.run_dir / "report", cfg.model, plan.examples, d["clusters"])
+            except Exception as e:  # the head views are an aid: the report goes on without them, and says so
+                msg = f"head views not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                d["warnings"].append(msg)
+                summary["warnings"].append(msg)
+                print(f"warning: {msg}", file=sys.stderr)
+        summary["report"] = str(write_report(plan.run_dir, d, arrays, views))
+    return summary
+
+
+def _store_head_detectors(g, values, names: list[str]) -> None:
+    """Per-head detector scores into the store: head_detectors (layer, head, head_detector)."""
+    g.create_array("head_detectors", data=values, dimension_names=("layer", "head", "head_detector"),
+                   overwrite=True, attributes={"names": names})
+
+
 def _keep_for_learn(client, stack: ExitStack, backend, runtime_desc: dict):
     """Keep the cluster only for a multi-GPU fit (cuml.dask), after the workers drop their models;
     otherwise close it now, so idle workers (and their RMM pools) do not hold memory the fit needs."""
@@ -229,8 +287,6 @@ def write_resolved_job(plan: Plan) -> None:
 
 def run_job(cfg: JobConfig, stages: tuple[str, ...] = STAGES, overwrite: bool = False) -> dict:
     """Run the stages of a validated job; returns the summary (also written to summary.json)."""
-    from rapids_attn.explain.outputs import write_outputs
-
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
     plan = preflight(cfg, stages, overwrite)
@@ -271,9 +327,8 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = STAGES, overwrite: bool = 
             plan.timings["learn"] = time.perf_counter() - t
     summary = None
     if "explain" in stages:
-        g = open_store(plan, "explain")
         t = time.perf_counter()
-        summary = write_outputs(plan, g, runtime_desc, extract_info)
+        summary = run_explain(plan, runtime_desc, extract_info)
         plan.timings["explain"] = time.perf_counter() - t
         summary["seconds"]["explain"] = round(plan.timings["explain"], 3)
         from rapids_attn.explain.outputs import write_json

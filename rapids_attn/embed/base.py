@@ -9,13 +9,24 @@ from rapids_attn.errors import JobConfigError
 
 
 class Embedder:
-    """Callable on [N, S, S] float maps (any device); returns [N, dim] float32 on the same device."""
+    """Callable on [N, S, S] float maps (any device); returns [N, dim] float32 on the same device.
+
+    ``embed`` is what the pipeline calls: it also receives each map's full-resolution offset
+    profile [N, P] and stats [N, K], and returns extra per-map outputs named in ``outputs``
+    (name -> store dtype), e.g. a predicted pattern type and its probability.
+    """
 
     dim: int
     name: str
+    outputs: dict[str, str] = {}
+    #: attributes recorded in the store (e.g. the class names of a predicted pattern).
+    store_attrs: dict = {}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor):
+        return self(images), {}
 
 
 class PooledEmbedder(Embedder):
@@ -36,10 +47,30 @@ class PooledEmbedder(Embedder):
         return pooled.flatten(1)
 
 
+class PatternCNNEmbedder(Embedder):
+    """The attention-pattern CNN shipped with the package (``embed.name: pattern-cnn``): its
+    penultimate layer as features, plus the predicted pattern type and its probability per map."""
+
+    def __init__(self, device: str = "cpu", batch_size: int = 4096):
+        from rapids_attn.embed.pattern import PatternEmbedder
+
+        self.net = PatternEmbedder(device=device, batch_size=batch_size)
+        self.name = "pattern-cnn"
+        self.dim = self.net.dim
+        self.outputs = {"pattern": "int8", "pattern_prob": "float16"}
+        self.store_attrs = {"pattern_classes": list(self.net.classes)}
+
+    def embed(self, images, profile, stats):
+        feats, pattern, prob = self.net(images, profile, stats)
+        return feats, {"pattern": pattern, "pattern_prob": prob}
+
+
 def build_embedder(cfg, image_size: int, device: str = "cpu") -> Embedder:
     """``cfg`` is the job's EmbedConfig. Raises JobConfigError for an unknown name or bad weights."""
     if cfg.name == "pooled":
         return PooledEmbedder(image_size, cfg.pooled_size)
+    if cfg.name == "pattern-cnn":
+        return PatternCNNEmbedder(device, cfg.batch_size)
     from rapids_attn.embed.backbone import BackboneEmbedder
 
     return BackboneEmbedder(cfg.name, cfg.weights, cfg.input_size, cfg.batch_size, device)

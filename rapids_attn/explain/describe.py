@@ -174,6 +174,25 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
     consistency = 1 - head_entropy / math.log(k) if k > 1 else np.ones((nl, nh))
     dominant = np.array(ids)[occupancy.argmax(0)]
 
+    # -- head detectors: per-head means over the examples where each is defined ------------------
+    prev_j = stat_names.index("prev") if "prev" in stat_names else None
+    det_names = [str(x) for x in g["detector"][:]] if "detector" in g else []
+    det_sum = np.zeros((nl, nh, 1 + len(det_names)))
+    det_n = np.zeros_like(det_sum)
+    for a, b in _blocks(e, rows):
+        parts = [np.asarray(g["stats"][a:b, :, :, prev_j:prev_j + 1], dtype=np.float64)] if prev_j is not None else []
+        if det_names:
+            parts.append(np.asarray(g["detectors"][a:b], dtype=np.float64))
+        if parts:
+            v = np.concatenate(parts, axis=-1)
+            det_sum += np.nansum(v, axis=0)
+            det_n += (~np.isnan(v)).sum(0)
+    with np.errstate(invalid="ignore"):
+        head_det = det_sum / det_n  # NaN where no example defines the detector
+    detectors = {"names": ["prev", *det_names],
+                 "scores": {name: np.round(head_det[..., i], 4).tolist() for i, name in enumerate(["prev", *det_names])},
+                 "examples": {name: det_n[..., i].max().astype(int).item() for i, name in enumerate(["prev", *det_names])}}
+
     # -- example metadata ----------------------------------------------------------------------
     groups = read_strings(g["example_group"])
     ex_labels = read_strings(g["example_label"])
@@ -184,6 +203,9 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
     label_codes, label_inv = np.unique(ex_labels, return_inverse=True)
 
     labels_words = stat_labels(stat_names, tokenizer)
+    pattern_classes = list(g.attrs.get("pattern_classes", [])) if "pattern" in g else []
+    patterns = np.asarray(g["pattern"][:], dtype=np.int64).reshape(-1) if pattern_classes else None
+    ex_ids = read_strings(g["example_id"])
     clusters = []
     order = sorted(range(k), key=lambda i: (ids[i] < 0, -counts[i]))
     exemplar_thumbs = np.full((k, m, t, t), np.nan, dtype=np.float32) if has_thumbs else None
@@ -203,7 +225,8 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
                       "share_of_cluster": float(share_of_cluster.reshape(-1)[f])} for f in flat
                      if share_of_cluster.reshape(-1)[f] > 0]
         layer_share = share_of_cluster.sum(1)
-        top_layers = [{"layer": layers[j], "share_of_cluster": float(layer_share[j])} for j in np.argsort(-layer_share)]
+        top_layers = [{"layer": layers[j], "share_of_cluster": float(layer_share[j])} for j in np.argsort(-layer_share)
+                      if layer_share[j] > 0]
         cum, main_layers = 0.0, []
         for item in top_layers:
             main_layers.append(item["layer"])
@@ -233,7 +256,10 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
             for j, f in enumerate(picks):
                 ex, r = divmod(f, per_ex)
                 exemplar_thumbs[pos, j] = g["thumbnails"][ex, r // nh, r % nh]
-        ex_ids = read_strings(g["example_id"])
+        pattern_share = {}
+        if patterns is not None:
+            pc = np.bincount(patterns[members], minlength=len(pattern_classes)) / max(size, 1)
+            pattern_share = {pattern_classes[j]: float(pc[j]) for j in np.argsort(-pc) if pc[j] > 0}
         clusters.append({
             "id": c, "size": size, "share": size / n,
             "summary": "; ".join(f"{s['label']}: {s['mean']:.2f} vs {s['overall']:.2f} overall" for s in signature),
@@ -243,6 +269,8 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
             "groups": {"top": str(group_codes[gi]), "share": float(g_counts[gi]),
                        "overall_share": float(group_overall[gi]), "dominated": dominated},
             "labels": {str(lc): float(v) for lc, v in zip(label_codes, l_counts)},
+            "patterns": pattern_share,
+            "pattern": next(iter(pattern_share), None),
             "exemplar_examples": [{"example_index": ex, "example_id": str(ex_ids[ex]), "layer": la, "head": he}
                                   for ex, la, he in info[:explain_cfg.head_views]],
         })
@@ -271,5 +299,7 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
         "metadata": meta,
         "warnings": warnings,
         "k_sweep": dict(g.attrs.get("learn", {})).get("k_sweep"),
+        "detectors": detectors,
     }
+    arrays["head_detectors"] = head_det.astype(np.float32)  # [layer, head, detector]
     return d, arrays

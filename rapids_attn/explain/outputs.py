@@ -19,9 +19,22 @@ from rapids_attn import __version__
 from rapids_attn.store.zarr_store import read_strings
 
 
+def json_safe(obj):
+    """NaN and infinities become null (JSON has no NaN); NumPy scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False) + "\n")
     tmp.replace(path)
 
 
@@ -56,6 +69,15 @@ def write_maps_table(g, path: Path) -> int:
             st = np.asarray(g["stats"][start:stop]).reshape(-1, len(stat_names))
             for i, name in enumerate(stat_names):
                 cols[name] = st[:, i]
+            if "pattern" in g:
+                classes = np.asarray(list(g.attrs.get("pattern_classes", [])) + ["?"], dtype=object)
+                pat = np.asarray(g["pattern"][start:stop]).reshape(-1).astype(np.int64)
+                cols["pattern"] = pa.array(classes[np.where((pat >= 0) & (pat < len(classes) - 1), pat, -1)], pa.string())
+                cols["pattern_prob"] = np.asarray(g["pattern_prob"][start:stop], dtype=np.float32).reshape(-1)
+            if "detectors" in g:
+                det = np.asarray(g["detectors"][start:stop]).reshape(m * nl * nh, -1)
+                for i, name in enumerate(str(x) for x in g["detector"][:]):
+                    cols[name] = det[:, i]
             table = pa.table(cols)
             if writer is None:
                 writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")

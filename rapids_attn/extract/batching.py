@@ -17,21 +17,33 @@ from rapids_attn.data.example import Example
 class Tokenized:
     input_ids: list[list[int]]  # per example, truncated to max_length
     truncated: list[bool]       # True where the input was longer than max_length
+    #: segment ids (BERT-style text pairs: 0 for the first text, 1 for the second), if the
+    #: tokenizer makes them; models trained with segments need them to read a pair correctly.
+    token_type_ids: list[list[int]] | None = None
 
     @property
     def lengths(self) -> list[int]:
         return [len(ids) for ids in self.input_ids]
 
+    def batch(self, idx: list[int]) -> dict[str, list[list[int]]]:
+        """The model inputs of examples ``idx``, unpadded (pad with ``tokenizer.pad``)."""
+        out = {"input_ids": [self.input_ids[i] for i in idx]}
+        if self.token_type_ids is not None:
+            out["token_type_ids"] = [self.token_type_ids[i] for i in idx]
+        return out
 
-def _encode(tokenizer, examples: list[Example], truncation: bool, max_length: int | None) -> list[list[int]]:
+
+def _encode(tokenizer, examples: list[Example], truncation: bool, max_length: int | None):
     texts = [e.text for e in examples]
     pairs = [e.text_pair for e in examples]
     kwargs = dict(truncation="longest_first" if truncation else False, max_length=max_length if truncation else None)
     if any(p is not None for p in pairs):
         if not all(p is not None for p in pairs):
             raise ValueError("a shard mixes single texts and text pairs")
-        return tokenizer(texts, pairs, **kwargs)["input_ids"]
-    return tokenizer(texts, **kwargs)["input_ids"]
+        enc = tokenizer(texts, pairs, **kwargs)
+    else:
+        enc = tokenizer(texts, **kwargs)
+    return enc["input_ids"], enc.get("token_type_ids")
 
 
 def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
@@ -39,16 +51,18 @@ def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
     segment first, so a SQuAD context is cut before its question) and flagged."""
     # silence "Token indices sequence length is longer than the specified maximum" for the full pass
     logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
-    full = _encode(tokenizer, examples, truncation=False, max_length=None)
+    full, types = _encode(tokenizer, examples, truncation=False, max_length=None)
     long = [i for i, ids in enumerate(full) if len(ids) > max_length]
     if long:
-        cut = _encode(tokenizer, [examples[i] for i in long], truncation=True, max_length=max_length)
-        for i, ids in zip(long, cut):
-            full[i] = ids
+        cut, cut_types = _encode(tokenizer, [examples[i] for i in long], truncation=True, max_length=max_length)
+        for j, i in enumerate(long):
+            full[i] = cut[j]
+            if types is not None:
+                types[i] = cut_types[j]
     truncated = [False] * len(full)
     for i in long:
         truncated[i] = True
-    return Tokenized(input_ids=full, truncated=truncated)
+    return Tokenized(input_ids=full, truncated=truncated, token_type_ids=types)
 
 
 def length_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:

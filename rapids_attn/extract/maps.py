@@ -28,6 +28,59 @@ STAT_NAMES = (
     "max",           # row maximum
 )
 
+#: Head detectors of TransformerLens computed per map from the token ids (the previous-token
+#: detector is the ``prev`` stat). NaN where the example has no repeated token.
+DETECTOR_NAMES = (
+    "dup",        # duplicate-token: mass on earlier copies of the query's token
+    "induction",  # induction: mass on the token after an earlier copy of the query's token
+)
+
+
+def repeat_masks(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The duplicate-token and induction patterns of one example's token ids [n] (TransformerLens).
+
+    dup[i, j] = 1 where j < i and ids[j] == ids[i]; induction[i, j] = 1 where j <= i and
+    ids[j - 1] == ids[i] with j - 1 < i (the token after an earlier occurrence of the current one).
+    """
+    same = ids[:, None] == ids[None, :]
+    dup = torch.tril(same, diagonal=-1)
+    ind = torch.zeros_like(dup)
+    ind[:, 1:] = dup[:, :-1]
+    return dup, torch.tril(ind)
+
+
+def detector_score(a: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
+    """[head, n, n] maps, [n, n] bool pattern -> [head]: the attention mass on the pattern's
+    positions divided by the total mass of the rows where the pattern has a position.
+
+    A pure pattern scores 1 and a uniform map about 1/n. TransformerLens divides by every row's mass
+    instead, which also counts rows where the pattern is undefined (no earlier copy of the token):
+    its score is ours times the share of rows that have a target. NaN when no row has one.
+    """
+    rows = pattern.any(-1)
+    if not bool(rows.any()):
+        return torch.full((a.shape[0],), float("nan"), device=a.device)
+    hit = (a * pattern).sum(-1)  # [head, n]
+    return hit[:, rows].sum(-1) / a[:, rows].sum((-2, -1))
+
+
+#: Relative offsets j - i of the offset profile: mean attention from each query i to key i + o.
+PROFILE_OFFSETS = tuple(range(-4, 5))
+
+
+def offset_profile(a: torch.Tensor, offsets=PROFILE_OFFSETS) -> torch.Tensor:
+    """[head, n, n] -> [head, len(offsets)]: mean over the rows that have key i + o of a[i, i + o].
+
+    This keeps the one-token structure (self, previous, next, two back ...) that area-resizing
+    erases; with it, a previous-token head and a self head are told apart at any length.
+    """
+    h, n, _ = a.shape
+    cols = []
+    for o in offsets:
+        cols.append(a.diagonal(offset=o, dim1=-2, dim2=-1).float().mean(-1) if abs(o) < n
+                    else torch.zeros(h, device=a.device))
+    return torch.stack(cols, dim=-1)
+
 
 def punctuation_ids(tokenizer) -> torch.Tensor:
     """Vocabulary ids whose surface form is only punctuation.
@@ -57,13 +110,14 @@ class TokenMasks:
 
     sep: torch.Tensor
     punct: torch.Tensor
+    ids: torch.Tensor
 
     @classmethod
     def from_ids(cls, input_ids: torch.Tensor, sep_ids: torch.Tensor, punct_ids: torch.Tensor) -> TokenMasks:
         sep = torch.isin(input_ids, sep_ids.to(input_ids.device))
         sep[:, 0] = False  # position 0 is counted as "first", never twice
         punct = torch.isin(input_ids, punct_ids.to(input_ids.device))
-        return cls(sep=sep, punct=punct)
+        return cls(sep=sep, punct=punct, ids=input_ids)
 
 
 def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -99,6 +153,12 @@ def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: b
         a.amax(-1).mean(-1),
     ]
     return torch.stack(cols, dim=-1)
+
+
+def detector_scores(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[head, n, n] maps and their token ids [n] -> [head, len(DETECTOR_NAMES)]."""
+    dup, ind = repeat_masks(ids)
+    return torch.stack([detector_score(a, dup), detector_score(a, ind)], dim=-1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,6 +203,8 @@ class LayerReducer:
         self.images = torch.zeros(*shape, image_size, image_size, device=device)  # [batch, layer, head, S, S]
         self.thumbs = torch.zeros(*shape, thumb_size, thumb_size, device=device) if thumb_size else None
         self.stats = torch.zeros(*shape, len(STAT_NAMES), device=device)
+        self.profile = torch.zeros(*shape, len(PROFILE_OFFSETS), device=device)
+        self.detectors = torch.zeros(*shape, len(DETECTOR_NAMES), device=device)
 
     def __call__(self, layer: int, weights: torch.Tensor) -> None:
         pos = self.layer_pos.get(layer)
@@ -153,6 +215,8 @@ class LayerReducer:
         for b, n in enumerate(self.lengths):
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
             self.stats[b, pos] = map_stats(crop, self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal)
+            self.detectors[b, pos] = detector_scores(crop, self.masks.ids[b, :n])
+            self.profile[b, pos] = offset_profile(crop)
             img = area_resize(crop, self.image_size)
             self.images[b, pos] = img
             if self.thumbs is not None:

@@ -18,7 +18,7 @@ import torch
 from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture
-from rapids_attn.extract.maps import STAT_NAMES, LayerReducer, TokenMasks, punctuation_ids, separator_ids
+from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, LayerReducer, TokenMasks, punctuation_ids, separator_ids
 from rapids_attn.store.zarr_store import StoreLayout, write_shard
 
 
@@ -87,17 +87,21 @@ class Extractor:
                          lambda _l, w: upper.append(float(torch.triu(w.float(), diagonal=1).sum())))
         return max(upper) == 0.0
 
-    def run_batch(self, input_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+    def run_batch(self, input_ids: list[list[int]], token_type_ids: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
         """Forward one batch; return images [b, L, H, S, S], thumbs, stats for its examples."""
         lengths = [len(x) for x in input_ids]
-        enc = self.tokenizer.pad({"input_ids": input_ids}, padding=True, return_tensors="pt")
-        batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        features = {"input_ids": input_ids}
+        if token_type_ids is not None:
+            features["token_type_ids"] = token_type_ids
+        enc = self.tokenizer.pad(features, padding=True, return_tensors="pt")
+        batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
         masks = TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids)
         reducer = LayerReducer(lengths, masks, self.layout.layers, self.layout.heads,
                                self.layout.image_size, self.layout.thumb_size, self.causal, self.device)
         with self.lock:
             self.capture.run(batch, reducer)
-        return {"images": reducer.images, "thumbnails": reducer.thumbs, "stats": reducer.stats}
+        return {"images": reducer.images, "thumbnails": reducer.thumbs, "stats": reducer.stats,
+                "profile": reducer.profile, "detectors": reducer.detectors}
 
     def process(self, task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
@@ -107,17 +111,25 @@ class Extractor:
         s, t = self.layout.image_size, self.layout.thumb_size
         feats = np.zeros((n, nl, nh, self.layout.feature_dim), dtype=self.layout.features_dtype)
         stats = np.zeros((n, nl, nh, len(STAT_NAMES)), dtype=np.float32)
+        profile = np.zeros((n, nl, nh, len(PROFILE_OFFSETS)), dtype=np.float32)
+        detectors = np.zeros((n, nl, nh, len(DETECTOR_NAMES)), dtype=np.float32)
+        extra = {name: np.zeros((n, nl, nh), dtype=dtype) for name, dtype in self.layout.embed_outputs.items()}
         thumbs = np.zeros((n, nl, nh, t, t), dtype=np.float16) if t else None
         seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
         ecfg = self.cfg.extract
         for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size):
             t1 = time.perf_counter()
-            out = self.run_batch([tok.input_ids[i] for i in idx])
+            out = self.run_batch(**tok.batch(idx))
             t2 = time.perf_counter()
             images = out["images"].reshape(-1, s, s)  # [b*L*H, S, S]
-            f = self.embedder(images).reshape(len(idx), nl, nh, -1)
-            feats[idx] = f.cpu().numpy().astype(self.layout.features_dtype)
+            f, more = self.embedder.embed(images, out["profile"].reshape(images.shape[0], -1),
+                                          out["stats"].reshape(images.shape[0], -1))
+            feats[idx] = f.reshape(len(idx), nl, nh, -1).cpu().numpy().astype(self.layout.features_dtype)
+            for name, value in more.items():
+                extra[name][idx] = value.reshape(len(idx), nl, nh).cpu().numpy().astype(extra[name].dtype)
             stats[idx] = out["stats"].cpu().numpy()
+            profile[idx] = out["profile"].cpu().numpy()
+            detectors[idx] = out["detectors"].cpu().numpy()
             if thumbs is not None:
                 thumbs[idx] = out["thumbnails"].cpu().numpy().astype(np.float16)
             t3 = time.perf_counter()
@@ -127,6 +139,9 @@ class Extractor:
         arrays = {
             "features": feats,
             "stats": stats,
+            "profile": profile,
+            "detectors": detectors,
+            **extra,
             "seq_len": np.asarray(tok.lengths, dtype=np.int32),
             "truncated": np.asarray(tok.truncated, dtype=bool),
         }

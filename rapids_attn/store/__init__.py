@@ -4,7 +4,10 @@ Arrays are example-major so a shard owns one chunk of rows and workers write wit
 
     features      (example, layer, head, feature)   float16 by default
     thumbnails    (example, layer, head, ty, tx)    float16, optional
-    stats         (example, layer, head, stat)      float32, names in attrs["stat_names"]
+    stats         (example, layer, head, stat)      float32, names in the ``stat`` coordinate
+    profile       (example, layer, head, offset)    float32, mean attention at key = query + offset
+    detectors     (example, layer, head, detector)  float32, duplicate-token and induction scores (NaN: no repeat)
+    head_detectors (layer, head, detector)          float32, per-head mean over examples (explain stage)
     seq_len       (example,)  int32  tokens after truncation
     truncated     (example,)  bool
     example_id    (example,)  str    example_group, example_label likewise

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,12 @@ class StoreLayout:
     stat_names: list[str]
     features_dtype: str = "float16"
     compression_level: int = 3
+    profile_offsets: list[int] = field(default_factory=lambda: list(range(-4, 5)))
+    detector_names: list[str] = field(default_factory=lambda: ["dup", "induction"])
+    #: extra per-map outputs of the embedder (name -> dtype), e.g. pattern and pattern_prob.
+    embed_outputs: dict[str, str] = field(default_factory=dict)
+    #: attributes the embedder records (e.g. pattern_classes).
+    embed_attrs: dict = field(default_factory=dict)
 
     @property
     def n_shards(self) -> int:
@@ -73,6 +79,10 @@ def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dic
         t = layout.thumb_size
         _map_array(g, "thumbnails", layout, (t, t), ("ty", "tx"), "float16")
     _map_array(g, "stats", layout, (len(layout.stat_names),), ("stat",), "float32", fill=np.nan)
+    _map_array(g, "detectors", layout, (len(layout.detector_names),), ("detector",), "float32", fill=np.nan)
+    _map_array(g, "profile", layout, (len(layout.profile_offsets),), ("offset",), "float32", fill=np.nan)
+    for name, dtype in layout.embed_outputs.items():
+        _map_array(g, name, layout, (), (), dtype)
     for name, dtype in (("seq_len", "int32"), ("truncated", "bool")):
         g.create_array(name, shape=(ex,), chunks=(layout.shard_size,), dtype=dtype, fill_value=0,
                        dimension_names=("example",))
@@ -85,6 +95,10 @@ def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dic
     g.create_array("head", shape=(len(layout.heads),), dtype="int32", dimension_names=("head",))[:] = layout.heads
     g.create_array("stat", shape=(len(layout.stat_names),), dtype=str, dimension_names=("stat",))[:] = np.asarray(
         layout.stat_names, dtype=str)
+    g.create_array("detector", shape=(len(layout.detector_names),), dtype=str,
+                   dimension_names=("detector",))[:] = np.asarray(layout.detector_names, dtype=str)
+    g.create_array("offset", shape=(len(layout.profile_offsets),), dtype="int32",
+                   dimension_names=("offset",))[:] = layout.profile_offsets
     g.attrs.update({
         "format_version": FORMAT_VERSION,
         "rapids_attn_version": __version__,
@@ -92,6 +106,7 @@ def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dic
         "model": meta,
         "extract_complete": False,
         "learn_complete": False,
+        **layout.embed_attrs,
     })
     g.attrs["job"] = job
     g.attrs["extraction_key"] = key  # last: its presence marks a complete creation

@@ -29,9 +29,13 @@ def known_store(tmp_path, dominated_group: bool = False):
     stats[cluster == 2, 2] = 0.9  # cluster 2 attends to the previous token
     thumbs = np.zeros((E, L, H, 4, 4), dtype=np.float16)
     thumbs[cluster == 0, :, 3] = 1.0
+    det = np.full((E, L, H, 2), np.nan, dtype=np.float32)
+    det[::2, 1, 0, 1] = 0.9  # head (1, 0): an induction head, on the even examples (those with repeats)
+    det[::2, 1, 1, 1] = 0.1
     for s in range(layout.n_shards):
         a, b = layout.shard_rows(s)
-        write_shard(str(tmp_path / "s.zarr"), layout, s, {"stats": stats[a:b], "thumbnails": thumbs[a:b]})
+        write_shard(str(tmp_path / "s.zarr"), layout, s,
+                    {"stats": stats[a:b], "thumbnails": thumbs[a:b], "detectors": det[a:b]})
     g.create_array("cluster", data=cluster, chunks=(16, L, H), dimension_names=("example", "layer", "head"))
     red = np.zeros((E, L, H, 2), dtype=np.float32)
     red[..., 0] = cluster
@@ -68,6 +72,13 @@ def test_signature_heads_and_exemplars(tmp_path):
     assert len(c0["exemplar_examples"]) == 2
     assert arrays["occupancy"].shape == (3, L, H)
     assert d["warnings"] == []
+    det = d["detectors"]
+    assert det["names"] == ["prev", "dup", "induction"]
+    assert det["scores"]["induction"][1][0] == pytest.approx(0.9)  # mean over the examples that define it
+    assert det["scores"]["induction"][1][1] == pytest.approx(0.1)
+    assert np.isnan(det["scores"]["induction"][0][0])  # never defined: NaN, not 0
+    assert det["examples"]["induction"] == E // 2
+    assert arrays["head_detectors"].shape == (L, H, 3)
 
 
 def test_group_dominated_cluster_is_flagged(tmp_path):
