@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{clusters['n_clusters']} clusters ({clusters['method']}, silhouette "
               f"{'n/a' if sil is None else f'{sil:.3f}'}), {counts['truncated_examples']} truncated")
         print(f"outputs: {cfg.run_dir}/maps.parquet, {cfg.run_dir}/summary.json, {cfg.run_dir}/store.zarr")
+        if summary.get("report"):
+            print(f"report:  {summary['report']}  (open it in a browser; no server needed)")
     else:
         print(f"done in {took:.1f}s: stages {','.join(stages)}")
         print(json.dumps({k: v for k, v in summary.items() if k != "stages"}, default=str)[:2000])

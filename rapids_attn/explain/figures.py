@@ -300,3 +300,29 @@ def k_sweep_png(out_dir, k_sweep: dict) -> str:
             ax.set_xticks(k if len(k) <= 20 else k[:: int(np.ceil(len(k) / 20))])
     fig.tight_layout()
     return _save(fig, out_dir, "k_sweep.png")
+
+
+def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str:
+    """One layer x head heatmap per head detector (previous-token, duplicate-token, induction):
+    each head's score averaged over the examples where the detector is defined (grey: never)."""
+    n = len(names)
+    first = np.asarray(scores[names[0]], dtype=np.float64)
+    n_layers, n_heads = first.shape
+    w, h = _grid_size(n_layers, n_heads, panels=n)
+    fig = _new_figure(w + 0.6 * n, h)
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(1, n, i + 1)
+        v = np.asarray(scores[name], dtype=np.float64)
+        cmap = matplotlib.colormaps["viridis"].copy()
+        cmap.set_bad("#cccccc")
+        im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+        _grid_axes(ax, list(layers), list(heads))
+        ax.set_title(f"{name} detector", fontsize=10)
+        if n_layers * n_heads <= MAX_ANNOTATED_CELLS:
+            for r in range(n_layers):
+                for c in range(n_heads):
+                    if np.isfinite(v[r, c]) and v[r, c] >= 0.3:
+                        ax.text(c, r, f"{v[r, c]:.2f}"[1:] if v[r, c] < 1 else "1", ha="center", va="center",
+                                fontsize=6, color="black" if v[r, c] > 0.6 else "white")
+        fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+    return _save(fig, out_dir, "detectors.png")

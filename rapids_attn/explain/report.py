@@ -26,11 +26,13 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
+import numpy as np
+
 from rapids_attn.explain import figures
 
 STAGING_PREFIX = ".report-tmp-"
 #: figure files this module writes (stale ones from an earlier report are removed on success)
-_FIGURE_RE = re.compile(r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|(occupancy|montage)_\d+)\.png$")
+_FIGURE_RE = re.compile(r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|(occupancy|montage)_\d+)\.png$")
 #: p-value threshold the metadata findings are stated against
 ALPHA = 0.01
 
@@ -189,12 +191,16 @@ def _make_figures(out_dir: Path, d: dict, arrays: dict) -> dict:
                 ex_info[k] if k < len(ex_info) else [], cluster_id=c["id"])
     if d.get("k_sweep") and d["k_sweep"].get("k"):
         figs["k_sweep"] = figures.k_sweep_png(out_dir, d["k_sweep"])
+    det = d.get("detectors")
+    if det and det.get("names"):
+        figs["detectors"] = figures.detectors_png(out_dir, det["scores"], det["names"], d.get("layers") or [],
+                                                  d.get("heads") or [])
     return figs
 
 
 def _figure_names(figs: dict) -> list[str]:
     names = list(figs["scatter"].values()) + list(figs["occupancy"].values()) + list(figs["montage"].values())
-    names += [figs[k] for k in ("grid", "k_sweep") if figs.get(k)]
+    names += [figs[k] for k in ("grid", "k_sweep", "detectors") if figs.get(k)]
     return names
 
 
@@ -302,6 +308,33 @@ def _heads_section(figs: dict) -> str:
 consistently it does so across examples (1 - normalised entropy of the head's cluster distribution):
 1 means the head shows the same pattern on every input, 0 that it spreads evenly over the clusters.</p>
 {_img(figs["grid"], "dominant cluster per head, and consistency")}</section>"""
+
+
+def _detectors_section(d: dict, figs: dict) -> str:
+    det = d.get("detectors")
+    if not figs.get("detectors") or not det:
+        return ""
+    rows = []
+    for name in det["names"]:
+        v = np.asarray(det["scores"][name], dtype=np.float64)
+        if np.isfinite(v).any():
+            li, hi = np.unravel_index(np.nanargmax(v), v.shape)
+            layers, heads = d.get("layers") or list(range(v.shape[0])), d.get("heads") or list(range(v.shape[1]))
+            best = f"L{layers[li]}-H{heads[hi]} ({v[li, hi]:.2f})"
+        else:
+            best = "undefined on this data (no example has a repeated token)"
+        rows.append(f"<tr><td>{_e(name)}</td><td>{_e(best)}</td>"
+                    f"<td class=n>{_e(det.get('examples', {}).get(name, ''))}</td></tr>")
+    return f"""
+<section id="detectors"><h2>Head detectors</h2>
+<p class="note">The detectors of TransformerLens, scored per map at full resolution: the attention mass on
+the pattern's positions (previous token; earlier copies of the current token; the token after an earlier
+copy) divided by the mass of the rows where the pattern has a position, then averaged per head over the
+examples where it is defined. 1 is a pure pattern; a uniform map scores about 1/n. Induction needs
+repeated tokens: set <code>data.probe.count</code> to append repeated random-token probes.</p>
+<table><thead><tr><th>detector</th><th>strongest head</th><th class=n>examples</th></tr></thead>
+<tbody>{''.join(rows)}</tbody></table>
+{_img(figs["detectors"], "head detector scores per layer and head")}</section>"""
 
 
 def _cluster_index(d: dict, colors: dict) -> str:
@@ -546,6 +579,8 @@ def render_html(d: dict, figs: dict, headviews: dict | None, report_dir: Path, h
         nav.append(("map", "2-D map"))
     if figs.get("grid"):
         nav.append(("heads", "Heads"))
+    if figs.get("detectors"):
+        nav.append(("detectors", "Detectors"))
     nav.append(("clusters", "Clusters"))
     nav.append(("metadata", "Metadata"))
     if figs.get("k_sweep"):
@@ -567,6 +602,7 @@ def render_html(d: dict, figs: dict, headviews: dict | None, report_dir: Path, h
 {_overview(d)}
 {_map_section(figs)}
 {_heads_section(figs)}
+{_detectors_section(d, figs)}
 <section id="clusters"><h2>Clusters</h2>
 <p class="note">Sorted by size. "What sets it apart" names the statistics whose cluster mean differs most
 from the overall mean (in standard deviations, z); "where" names the layers and heads whose maps make up

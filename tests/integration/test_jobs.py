@@ -20,6 +20,26 @@ def run_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=1200)
 
 
+def check_report(run: Path, summary: dict) -> None:
+    """The report opens without a server: every image it names is a PNG beside it, no URL is
+    fetched, and each cluster section names its dominant layers and heads and its signature."""
+    import re
+    from html import escape
+
+    html = (run / "report" / "index.html").read_text()
+    assert "http://" not in html and "https://" not in html
+    srcs = re.findall(r'<img[^>]+src="([^"]+)"', html)
+    assert len(srcs) >= 5
+    for src in srcs:
+        assert (run / "report" / src).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", src
+    for c in summary["clusters"]["descriptions"]:
+        assert c["dominant_description"].startswith("mostly layer")
+        assert escape(c["dominant_description"]) in html
+        assert "overall" in c["summary"] and escape(c["summary"]) in html
+    for link in re.findall(r'href="(headviews/[^"]+)"', html):
+        assert (run / "report" / link).is_file()
+
+
 @pytest.mark.parametrize("job", JOBS, ids=[p.stem for p in JOBS])
 def test_every_example_job_validates(job):
     cfg = load_job(job)
@@ -39,6 +59,7 @@ def test_quickstart_end_to_end(tmp_path):
     assert min(t.column("cluster").to_pylist()) >= 0
     assert s["backend"]["runtime"]["n_workers"] == 2
     assert "dashboard:" in r.stderr
+    check_report(run, s)
     # a second run resumes: nothing left to extract
     r2 = run_cli(REPO / "jobs" / "quickstart.yaml", "--set", f"output.dir={run}", cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]

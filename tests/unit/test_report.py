@@ -274,3 +274,21 @@ def test_head_view_script_cannot_be_closed_by_a_token():
     assert out.count("</script>") == 2
     assert '"<\\/script>"' in out and "<\\!--" in out
     assert "https" not in out
+
+
+def test_detectors_section_names_the_strongest_head(tmp_path):
+    from rapids_attn.explain.report import write_report
+
+    d, arrays = fake_describe()
+    n_l, n_h = len(d["layers"]), len(d["heads"])
+    prev = np.full((n_l, n_h), 0.1)
+    prev[1, 2] = 0.97
+    d["detectors"] = {"names": ["prev", "dup", "induction"],
+                      "scores": {"prev": prev.tolist(), "dup": np.full((n_l, n_h), 0.2).tolist(),
+                                 "induction": np.full((n_l, n_h), np.nan).tolist()},
+                      "examples": {"prev": 10, "dup": 4, "induction": 0}}
+    page = write_report(tmp_path, d, arrays).read_text()
+    sec = _section(page, "detectors")
+    assert f"L{d['layers'][1]}-H{d['heads'][2]} (0.97)" in sec
+    assert "undefined on this data" in sec  # induction never defined: said, not drawn as 0
+    _assert_png(tmp_path / "report" / "detectors.png")
