@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # OpenMP threads that spin-wait make scikit-learn's KMeans 30x slower whenever the cores are
+    # shared (Dask workers, other jobs): passive waiting avoids it. Set before sklearn/torch load
+    # libgomp; an explicit OMP_WAIT_POLICY in the environment wins. See docs/benchmarks.md.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # allow "--set a=1 b=2": trailing KEY=VALUE words after --set

@@ -102,13 +102,17 @@ class _Model:
 
     def fit(self, x):
         c = self.cfg.cluster
+        t0 = time.perf_counter()
         self.pca.fit(x)
         z = self.pca.transform(x)
         if self.umap is not None:
             z = self.umap.fit_transform(z)
+        t1 = time.perf_counter()
+        self.seconds = {"reduce_fit": t1 - t0, "k_sweep": 0.0}
         if self.method == "kmeans":
             if c.k_sweep is not None:
                 self.sweep = sweep_k(self.backend, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed)
+                self.seconds["k_sweep"] = time.perf_counter() - t1
             k = c.n_clusters
             if k == "auto":
                 k = self.sweep["best_silhouette_k"] or c.k_sweep[0]
@@ -121,6 +125,7 @@ class _Model:
         else:
             labels = self.backend.hdbscan(c.min_cluster_size, c.min_samples).fit_predict(z)
         self.fit_z, self.fit_labels = z, self.backend.asarray(labels).astype(self.backend.xp.int32)
+        self.seconds["cluster_fit"] = time.perf_counter() - t1 - self.seconds["k_sweep"]
         return z, self.fit_labels
 
     def transform(self, x):
@@ -175,6 +180,7 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
         model = _MultiGPUModel(cfg, client, d)
     model.fit(x_fit)
     timings["fit"] = time.perf_counter() - t1
+    timings.update(getattr(model, "seconds", {}))
 
     k = int(getattr(model.pca, "n_components_", None) or min(cfg.reduce.pca_components, d))
     reduced_a, coords_a, labels_a = _output_arrays(g, e, nl, nh, rows, k)

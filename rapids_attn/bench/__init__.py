@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m rapids_attn.bench`` (see docs/benchmarks.md)."""

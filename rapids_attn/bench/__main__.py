@@ -1,0 +1,165 @@
+"""``python -m rapids_attn.bench``: speed, memory and storage, measured side by side in one run.
+
+Each case runs in a fresh process (its peak memory is its own) on the same examples and model;
+the ratios in the tables come from cases of this one run, never from numbers taken elsewhere.
+Prints markdown tables and writes every raw number to ``--out`` (JSON). Results and their reading
+are recorded in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad-v2-dev-half.json"
+
+
+def run_case(spec: dict) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "rapids_attn.bench.case", json.dumps(spec)],
+                       capture_output=True, text=True)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark case {spec} failed:\n{p.stderr[-3000:]}")
+    r = json.loads(lines[-1][len("RESULT "):])
+    print(f"  {spec['case']:<9} {json.dumps({k: v for k, v in spec.items() if k not in ('case', 'data', 'store')})}"
+          f"  ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    return r
+
+
+def mb(x) -> str:
+    return "n/a" if x is None else f"{x / 2**20:,.0f} MB"
+
+
+def table(head: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rapids_attn.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="SQuAD-format file (default: ../shared/data/...)")
+    ap.add_argument("--examples", type=int, default=64, help="examples for the pipeline and bare-forward cases")
+    ap.add_argument("--naive-examples", type=int, default=16, help="examples for the naive baseline and matched run")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--model", default="minilm-l6")
+    ap.add_argument("--fit-sizes", default="10000,100000,1000000")
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every case")
+    ap.add_argument("--out", default="bench.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.examples, args.naive_examples, args.fit_sizes = 8, 2, "2000"
+    if not Path(args.data).is_file():
+        print(f"error: --data: no such file: {args.data}", file=sys.stderr)
+        return 2
+    base = {"data": str(Path(args.data).resolve()), "device": args.device, "model": args.model}
+    n, nn = args.examples, args.naive_examples
+    print(f"rapids_attn benchmark: {n} examples ({nn} for the naive baseline), device {args.device}", file=sys.stderr)
+    R: dict = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
+                           "cpus": os.cpu_count()}, "args": vars(args)}
+    R["pipeline"] = run_case({**base, "case": "pipeline", "examples": n})
+    R["pipeline_4x"] = run_case({**base, "case": "pipeline", "examples": 4 * n})
+    R["bare"] = run_case({**base, "case": "bare", "examples": n})
+    R["naive"] = run_case({**base, "case": "naive", "examples": nn, "input_size": 224})
+    R["matched"] = run_case({**base, "case": "pipeline", "examples": nn, "embed": "resnet18", "input_size": 224})
+    R["defaults_small"] = run_case({**base, "case": "pipeline", "examples": nn})
+    R["capture"] = [run_case({**base, "case": "capture", "examples": n, "mode": m, "batch": 32})
+                    for m in ("hooks", "output_attentions")]
+    R["workers"] = [run_case({**base, "case": "pipeline", "examples": n, "workers": w}) for w in (1, 2)]
+    R["fit"] = [run_case({"case": "fit", "n": int(s), "backend": "cpu"}) for s in args.fit_sizes.split(",")]
+    if args.device == "cuda":
+        R["fit_gpu"] = [run_case({"case": "fit", "n": int(s), "backend": "gpu"}) for s in args.fit_sizes.split(",")]
+    R["codec"] = run_case({"case": "codec", "store": str(Path(R["pipeline"]["run_dir"]) / "store.zarr")})
+    Path(args.out).write_text(json.dumps(R, indent=1))
+    print(report(R))
+    return 0
+
+
+def _phase_rate(p: dict) -> dict:
+    """Seconds per phase. extract = tokenize + forward with capture, crop, stats and resize (worker
+    clocks); reduce = reading the fit sample + fitting PCA; cluster = fitting the clusterer on the
+    sample; assign = transforming and labelling every map (the k sweep is reported apart)."""
+    ws, ls = p["worker_seconds"], p["learn_seconds"]
+    return {"extract": ws["tokenize"] + ws["forward"], "embed": ws["embed"], "write": ws["write"],
+            "reduce": ls["read_sample"] + ls.get("reduce_fit", 0.0), "cluster": ls.get("cluster_fit", ls["fit"]),
+            "assign": ls["assign"], "k sweep": ls.get("k_sweep", 0.0)}
+
+
+def _map_rate(p: dict) -> float:
+    ws = p["worker_seconds"]
+    return p["maps"] / sum(ws.values())
+
+
+def report(R: dict) -> str:
+    out = []
+    p = R["pipeline"]
+    rates = _phase_rate(p)
+    rows = [[k, f"{sec:.2f}", f"{p['maps'] / sec:,.0f}" if sec else "-", f"{p['examples'] / sec:,.1f}" if sec else "-"]
+            for k, sec in rates.items()]
+    out.append(f"### Phases ({p['examples']} examples, {p['maps']:,} maps, device {','.join(p['devices'])})\n")
+    out.append(table(["phase", "seconds", "maps/s", "examples/s"], rows))
+    total_bytes = sum(p["store_bytes"].values())
+    out.append(f"\nEnd to end {p['wall']:.1f} s; peak RSS {mb(p['peak_rss'])}; GPU peak {mb(p['gpu_peak'])}; "
+               f"store {total_bytes / p['maps']:,.0f} bytes/map "
+               f"(features {p['store_bytes'].get('features', 0) / p['maps']:,.0f}).\n")
+
+    nv, m, ds, bare = R["naive"], R["matched"], R["defaults_small"], R["bare"]
+    naive_rate = nv["maps"] / sum(nv["seconds"].values())
+    bare_rate = bare["maps"] / bare["seconds"]
+    rows = [
+        ["naive baseline (batch 1, padded, ResNet-18 @224 per map, CSV)", f"{naive_rate:,.1f}", "1.0x",
+         f"{nv['bytes'] / nv['maps']:,.0f}", "1.0x"],
+        ["rapids_attn, matched (ResNet-18 @224, random weights)", f"{_map_rate(m):,.1f}", f"{_map_rate(m) / naive_rate:,.1f}x",
+         f"{sum(m['store_bytes'].values()) / m['maps']:,.0f}",
+         f"{(nv['bytes'] / nv['maps']) / (sum(m['store_bytes'].values()) / m['maps']):,.0f}x"],
+        ["rapids_attn, defaults (pooled 16x16)", f"{_map_rate(ds):,.1f}", f"{_map_rate(ds) / naive_rate:,.1f}x",
+         f"{sum(ds['store_bytes'].values()) / ds['maps']:,.0f}",
+         f"{(nv['bytes'] / nv['maps']) / (sum(ds['store_bytes'].values()) / ds['maps']):,.0f}x"],
+    ]
+    out.append(f"### Against the naive pipeline (same {nv['examples']} examples, same model)\n")
+    out.append(table(["pipeline", "maps/s", "speed-up", "bytes/map", "smaller by"], rows))
+    nvs = nv["seconds"]
+    out.append(f"\nNaive time split: forward {nvs['forward']:.1f} s, CNN {nvs['embed']:.1f} s, CSV {nvs['write']:.1f} s.\n")
+
+    out.append(f"### Against the bare forward pass ({bare['examples']} examples, same batches)\n")
+    frac = _map_rate(p) / bare_rate
+    out.append(table(["", "maps/s", "fraction"], [
+        ["bare forward (attention outputs on, nothing captured)", f"{bare_rate:,.0f}", "1.00"],
+        ["pipeline extract+embed+write", f"{_map_rate(p):,.0f}", f"{frac:.2f}"]]))
+
+    p4 = R["pipeline_4x"]
+    cap = {c["mode"]: c for c in R["capture"]}
+    out.append("\n### Memory\n")
+    out.append(table(["run", "peak RSS", "ratio"], [
+        [f"job over {p['examples']} examples", mb(p["peak_rss"]), "1.00"],
+        [f"job over {p4['examples']} examples (4x)", mb(p4["peak_rss"]), f"{p4['peak_rss'] / p['peak_rss']:.2f}"]]))
+    h, o = cap.get("hooks"), cap.get("output_attentions")
+    if h and o:
+        out.append("\n" + table(["capture (one batch)", "batch x longest", "peak over base", "seconds"], [
+            [k, f"{c['batch']} x {c['longest']}", mb(c["peak_over_base"]), f"{c['seconds']:.2f}"] for k, c in cap.items()]))
+
+    out.append("\n### Scale\n")
+    w = R["workers"]
+    out.append(table(["workers", "extract wall (s)", "maps/s (wall)", "speed-up"], [
+        [c["spec"]["workers"], f"{c['seconds']['extract']:.1f}", f"{c['maps'] / c['seconds']['extract']:,.0f}",
+         f"{w[0]['seconds']['extract'] / c['seconds']['extract']:.2f}x"] for c in w]))
+    fit_rows = [[f"{c['n']:,}", c["backend"], f"{c['pca']:.2f}", f"{c['kmeans']:.2f}", f"{c['total']:.2f}"]
+                for c in R["fit"] + R.get("fit_gpu", [])]
+    out.append("\n" + table(["maps", "backend", "PCA (s)", "KMeans (s)", "total (s)"], fit_rows))
+    cd = R["codec"]
+    out.append(f"\n### Store codec and chunk rows ({cd['maps']:,} maps of real features + stats)\n")
+    out.append(table(["rows/chunk", "codec", "bytes/map", "write (s)", "read (s)"], [
+        [c["rows"], c["codec"], f"{sum(c['bytes'].values()) / cd['maps']:,.0f}", f"{c['write']:.2f}", f"{c['read']:.2f}"]
+        for c in cd["results"]]))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
