@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from rapids_attn.store.zarr_store import read_strings
+from rapids_attn.store.zarr_store import decode_thumbnails, read_strings
 
 #: Plain words for each stat; {first} and {sep} are filled with the tokenizer's own tokens.
 STAT_WORDS = {
@@ -144,7 +144,7 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
         np.add.at(centre, lab, np.asarray(red[a:b], dtype=np.float64).reshape(-1, red.shape[-1]))
         counts += np.bincount(lab, minlength=k)
         if has_thumbs:
-            np.add.at(thumb_sum, lab, np.asarray(g["thumbnails"][a:b], dtype=np.float64).reshape(-1, t, t))
+            np.add.at(thumb_sum, lab, decode_thumbnails(g["thumbnails"][a:b]).reshape(-1, t, t))
     n = counts.sum()
     means = stat_sum / np.maximum(counts, 1)[:, None]
     overall = stat_sum.sum(0) / n
@@ -255,7 +255,7 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
         if has_thumbs:
             for j, f in enumerate(picks):
                 ex, r = divmod(f, per_ex)
-                exemplar_thumbs[pos, j] = g["thumbnails"][ex, r // nh, r % nh]
+                exemplar_thumbs[pos, j] = decode_thumbnails(g["thumbnails"][ex, r // nh, r % nh])
         pattern_share = {}
         if patterns is not None:
             pc = np.bincount(patterns[members], minlength=len(pattern_classes)) / max(size, 1)

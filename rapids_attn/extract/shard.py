@@ -19,7 +19,7 @@ from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, LayerReducer, TokenMasks, punctuation_ids, separator_ids
-from rapids_attn.store.zarr_store import StoreLayout, write_shard
+from rapids_attn.store.zarr_store import StoreLayout, encode_thumbnails, write_shard
 
 
 @dataclass
@@ -111,10 +111,10 @@ class Extractor:
         s, t = self.layout.image_size, self.layout.thumb_size
         feats = np.zeros((n, nl, nh, self.layout.feature_dim), dtype=self.layout.features_dtype)
         stats = np.zeros((n, nl, nh, len(STAT_NAMES)), dtype=np.float32)
-        profile = np.zeros((n, nl, nh, len(PROFILE_OFFSETS)), dtype=np.float32)
+        profile = np.zeros((n, nl, nh, len(PROFILE_OFFSETS)), dtype=np.float16)
         detectors = np.zeros((n, nl, nh, len(DETECTOR_NAMES)), dtype=np.float32)
         extra = {name: np.zeros((n, nl, nh), dtype=dtype) for name, dtype in self.layout.embed_outputs.items()}
-        thumbs = np.zeros((n, nl, nh, t, t), dtype=np.float16) if t else None
+        thumbs = np.zeros((n, nl, nh, t, t), dtype=np.uint8) if t else None
         seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
         ecfg = self.cfg.extract
         for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size):
@@ -131,7 +131,7 @@ class Extractor:
             profile[idx] = out["profile"].cpu().numpy()
             detectors[idx] = out["detectors"].cpu().numpy()
             if thumbs is not None:
-                thumbs[idx] = out["thumbnails"].cpu().numpy().astype(np.float16)
+                thumbs[idx] = encode_thumbnails(out["thumbnails"].cpu().numpy())
             t3 = time.perf_counter()
             seconds["forward"] += t2 - t1
             seconds["embed"] += t3 - t2

@@ -146,7 +146,7 @@ class _Model:
 def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
     dims = ("example", "layer", "head")
     kw = dict(overwrite=True, fill_value=0)
-    reduced = g.create_array("reduced", shape=(e, nl, nh, k), chunks=(rows, nl, nh, k), dtype="float32",
+    reduced = g.create_array("reduced", shape=(e, nl, nh, k), chunks=(rows, nl, nh, k), dtype="float16",
                              dimension_names=(*dims, "component"), **kw)
     coords = g.create_array("coords", shape=(e, nl, nh, 2), chunks=(rows, nl, nh, 2), dtype="float32",
                             dimension_names=(*dims, "xy"), **kw)
@@ -192,7 +192,7 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
         lab = model.assign(z)
         coords = z[:, :2] if model.umap is not None else p[:, :2]
         m = stop - start
-        reduced_a[start:stop] = backend.to_numpy(p).reshape(m, nl, nh, -1).astype(np.float32)
+        reduced_a[start:stop] = backend.to_numpy(p).reshape(m, nl, nh, -1).astype(np.float16)
         coords_a[start:stop] = backend.to_numpy(coords).reshape(m, nl, nh, 2).astype(np.float32)
         lab_np = backend.to_numpy(lab).reshape(m, nl, nh).astype(np.int32)
         labels_a[start:stop] = lab_np

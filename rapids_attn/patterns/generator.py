@@ -58,8 +58,8 @@ TYPE_INDEX = {t: i for i, t in enumerate(PATTERN_TYPES)}
 
 N_MIN, N_MAX = 8, 512
 CAUSAL_SHARE = 0.3
-MARGIN = 0.2          # dominant weight minus the largest other weight (noise counts as broad), at least
-NOISE_MAX = 0.15
+MARGIN = 0.15         # dominant weight minus the largest other weight (noise counts as broad), at least
+NOISE_MAX = 0.25
 #: how likely each type is to be drawn as a *secondary* component: [CLS]/[SEP] mass is everywhere
 SECONDARY_PRIOR = {"self": 1.5, "prev": 1.0, "next": 1.0, "first": 3.0, "sep": 3.0, "punct": 1.0,
                    "block": 1.0, "broad": 2.0, "band": 1.0, "hetero": 1.0}
@@ -239,7 +239,7 @@ def _smooth_noise(rng, n: int) -> np.ndarray:
 
 def _band(rng, tk: _Tokens, temp: float) -> np.ndarray:
     n = tk.n
-    half = int(rng.integers(2, 9))
+    half = min(int(rng.integers(2, 9)), max(2, n // 4))
     beta = rng.uniform(0.0, 1.2) / temp
     d = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None])
     w = np.where(d <= half, np.exp(-beta * d / half), 0.0) * _jitter(rng, (n, n), 0.25)
@@ -250,7 +250,7 @@ def _band(rng, tk: _Tokens, temp: float) -> np.ndarray:
 def _hetero(rng, tk: _Tokens, temp: float) -> np.ndarray:
     n = tk.n
     vis = _visible(n, tk.causal)
-    k_max = int(rng.integers(2, 9))
+    k_max = min(int(rng.integers(2, 9)), max(2, n // 3))  # a few keys: at n = 8, eight keys would be broad
     alpha = 0.6 * temp
     # random keys per row: the top-k of random scores over the visible keys
     scores = rng.random((n, n)) * vis - (1 - vis)
@@ -301,7 +301,7 @@ def _mixture(rng, dominant: str, causal: bool) -> tuple[dict, float]:
             weights = {dominant: 1.0}
         else:
             sec = rng.choice(allowed, size=n_sec, replace=False, p=prior / prior.sum())
-            w_dom = rng.uniform(0.55, 1.0)
+            w_dom = rng.uniform(0.5, 1.0)
             ws = (1 - w_dom) * rng.dirichlet(np.ones(n_sec))
             weights = {dominant: w_dom, **{str(t): float(w) for t, w in zip(sec, ws)}}
         eff = {t: w * (1 - lam) for t, w in weights.items()}
@@ -319,7 +319,7 @@ def sample_map(seed: int, index: int, dominant: str | None = None, causal: bool 
     label = int(rng.integers(len(PATTERN_TYPES)))
     is_causal = rng.random() < CAUSAL_SHARE
     n_draw = int(round(math.exp(rng.uniform(math.log(N_MIN), math.log(N_MAX)))))
-    temp = float(math.exp(rng.uniform(math.log(0.5), math.log(2.0))))
+    temp = float(math.exp(rng.uniform(math.log(0.4), math.log(2.5))))
     if dominant is not None:
         label = TYPE_INDEX[dominant]
     if causal is not None:

@@ -5,7 +5,7 @@ import pytest
 
 from rapids_attn.explain.describe import describe, metadata_association, stat_labels
 from rapids_attn.job import ExplainConfig
-from rapids_attn.store.zarr_store import StoreLayout, create_store, write_shard
+from rapids_attn.store.zarr_store import StoreLayout, create_store, encode_thumbnails, write_shard
 
 E, L, H = 40, 2, 2  # head (0,0) is always cluster 0 (a fixed-pattern head); the others depend on the example
 STATS = ["entropy", "sep", "prev"]
@@ -35,7 +35,8 @@ def known_store(tmp_path, dominated_group: bool = False):
     for s in range(layout.n_shards):
         a, b = layout.shard_rows(s)
         write_shard(str(tmp_path / "s.zarr"), layout, s,
-                    {"stats": stats[a:b], "thumbnails": thumbs[a:b], "detectors": det[a:b]})
+                    {"stats": stats[a:b], "thumbnails": encode_thumbnails(thumbs[a:b].astype(np.float32)),
+                     "detectors": det[a:b]})
     g.create_array("cluster", data=cluster, chunks=(16, L, H), dimension_names=("example", "layer", "head"))
     red = np.zeros((E, L, H, 2), dtype=np.float32)
     red[..., 0] = cluster

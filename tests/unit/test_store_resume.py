@@ -120,3 +120,14 @@ def test_failed_learn_leaves_no_complete_flag(tmp_path, tiny_bert_dir, pair_data
     assert g.attrs["learn_complete"] is False
     with pytest.raises(Exception, match="no complete clustering"):
         run_job(cfg, ("explain",))
+
+
+def test_thumbnail_code_round_trips_small_values():
+    from rapids_attn.store.zarr_store import decode_thumbnails, encode_thumbnails
+
+    v = np.array([0.0, 1 / 150, 0.05, 0.5, 1.0], dtype=np.float32)
+    q = encode_thumbnails(v)
+    assert q.dtype == np.uint8 and q[1] == 21  # a uniform row over 150 tokens stays visible
+    back = decode_thumbnails(q)
+    assert np.all(np.abs(np.sqrt(back) - np.sqrt(v)) <= 0.5 / 255 + 1e-7)
+    assert back[0] == 0 and back[-1] == 1
