@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from rapids_attn.data.probe import PROBE_GROUP
 from rapids_attn.store.zarr_store import decode_thumbnails, read_strings
 
 #: Plain words for each stat; {first} and {sep} are filled with the tokenizer's own tokens.
@@ -262,7 +263,9 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
             pattern_share = {pattern_classes[j]: float(pc[j]) for j in np.argsort(-pc) if pc[j] > 0}
         clusters.append({
             "id": c, "size": size, "share": size / n,
-            "summary": "; ".join(f"{s['label']}: {s['mean']:.2f} vs {s['overall']:.2f} overall" for s in signature),
+            "summary": (f"{next(iter(pattern_share))} pattern ({next(iter(pattern_share.values())):.0%} of its maps); "
+                        if pattern_share else "")
+            + "; ".join(f"{s['label']}: {s['mean']:.2f} vs {s['overall']:.2f} overall" for s in signature),
             "signature": signature,
             "means": {s: float(means[i, j]) for j, s in enumerate(stat_names)},
             "top_heads": top_heads, "top_layers": top_layers, "dominant_description": dominant_description,
@@ -275,9 +278,14 @@ def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]
                                   for ex, la, he in info[:explain_cfg.head_views]],
         })
     occ_sorted = occupancy[order].astype(np.float32)
+    # probes (repeated random tokens) are not dataset examples: they would make their own "group"
+    # and "label" look associated with the clusters, so the metadata tests leave them out
+    real_ex = groups != PROBE_GROUP
+    real_maps = np.repeat(real_ex, per_ex)
     meta = {
-        "label": metadata_association(labels, ex_labels, per_ex, explain_cfg.permutations, seed),
-        "group": metadata_association(labels, groups, per_ex, explain_cfg.permutations, seed),
+        "label": metadata_association(labels[real_maps], ex_labels[real_ex], per_ex, explain_cfg.permutations, seed),
+        "group": metadata_association(labels[real_maps], groups[real_ex], per_ex, explain_cfg.permutations, seed),
+        "probe_examples_excluded": int((~real_ex).sum()),
     }
     samp = rng.choice(len(labels), min(len(labels), explain_cfg.scatter_sample), replace=False)
     samp.sort()

@@ -537,7 +537,8 @@ def _metadata_section(d: dict) -> str:
     return f"""
 <section id="metadata"><h2>Clusters and example metadata</h2>
 <p class="note">Does knowing which cluster a map falls in tell you something about the example it came from?
-Noise maps are left out.</p>
+Noise maps are left out{_e(f", and so are the {meta['probe_examples_excluded']} repeated-token probe examples"
+ if meta.get("probe_examples_excluded") else "")}.</p>
 {"".join(blocks)}</section>"""
 
 

@@ -100,3 +100,24 @@ def test_existing_scheduler_runtime(tmp_path):
     s = json.loads((tmp_path / "mn" / "summary.json").read_text())
     assert s["backend"]["runtime"]["cluster"] == "scheduler"
     assert s["counts"]["maps"] == 12 * 72
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
+def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
+    """jobs/findings_minilm.yaml at a small size: pattern-cnn embedder, repeated-token probes,
+    group-balanced fit; the induction detector is defined on the probes and the report names it."""
+    r = run_cli(REPO / "jobs" / "findings_minilm.yaml", "--set", "data.sample=40", "data.probe.count=6",
+                "extract.shard_size=16", "cluster.k_sweep=[4, 6]", "cluster.n_clusters=auto",
+                f"output.dir={tmp_path / 'f'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert s["counts"]["examples"] == 46
+    assert s["embedding"]["name"] == "pattern-cnn"
+    assert 4 <= s["clusters"]["n_clusters"] <= 6 and s["clusters"]["k_sweep"]["chosen"] == s["clusters"]["n_clusters"]
+    det = s["head_detectors"]
+    assert det["examples"]["induction"] >= 6  # defined at least on every probe
+    t = pq.read_table(tmp_path / "f" / "maps.parquet", columns=["pattern", "pattern_prob", "group"]).to_pandas()
+    assert t["pattern"].notna().all() and t["pattern_prob"].between(0, 1).all()
+    assert (t["group"] == "probe:repeated-tokens").sum() == 6 * 72
+    assert all(c["pattern"] for c in s["clusters"]["descriptions"])
+    check_report(tmp_path / "f", s)
