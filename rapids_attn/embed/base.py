@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -52,13 +54,25 @@ class PatternCNNEmbedder(Embedder):
     penultimate layer as features, plus the predicted pattern type and its probability per map."""
 
     def __init__(self, device: str = "cpu", batch_size: int = 4096):
-        from rapids_attn.embed.pattern import PatternEmbedder
+        import hashlib
 
-        self.net = PatternEmbedder(device=device, batch_size=batch_size)
+        from rapids_attn.embed.pattern import PatternEmbedder
+        from rapids_attn.patterns.cnn import WEIGHTS_DIR
+
+        try:
+            self.net = PatternEmbedder(device=device, batch_size=batch_size)
+        except FileNotFoundError as e:
+            raise JobConfigError(
+                f"embed.name: pattern-cnn weights are missing ({e}); reinstall rapids_attn or retrain them with "
+                "python -m rapids_attn.patterns.train"
+            ) from None
         self.name = "pattern-cnn"
         self.dim = self.net.dim
         self.outputs = {"pattern": "int8", "pattern_prob": "float16"}
-        self.store_attrs = {"pattern_classes": list(self.net.classes)}
+        weights = Path(WEIGHTS_DIR) / "pattern_cnn.safetensors"
+        # the weights' hash is part of the store's layout: new weights make a different store
+        self.store_attrs = {"pattern_classes": list(self.net.classes),
+                            "pattern_cnn_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()[:16]}
 
     def embed(self, images, profile, stats):
         feats, pattern, prob = self.net(images, profile, stats)

@@ -5,13 +5,14 @@ Every map is a row-stochastic n x n matrix (n log-uniform in [8, 512]) built as 
 
     A = (1 - lam) * sum_c W[:, c] * C_c  +  lam * N
 
-- the **dominant** component carries the map's label and a weight in [0.55, 1]; 0 to 3 secondary
+- the **dominant** component carries the map's label and a weight in [0.5, 1]; 0 to 3 secondary
   components (drawn with a preference for ``first`` and ``sep``, as in real BERT maps, which put a
   lot of mass on [CLS] and [SEP]) share the rest. The dominant weight exceeds every other weight by
   at least ``MARGIN``, counting the noise floor ``lam * N`` as ``broad`` mass;
 - the weights jitter from row to row (log-normal), so rows are not copies of each other;
-- ``N`` is a random noise floor over the visible keys, ``lam`` in [0, 0.15];
-- one map-wide temperature ``T`` (log-uniform in [0.5, 2]) sets every component's sharpness: how
+- ``N`` is a random noise floor over the visible keys (log-normal weights), ``lam`` in [0, 0.25]
+  (0 for a fifth of the maps);
+- one map-wide temperature ``T`` (log-uniform in [0.4, 2.5]) sets every component's sharpness: how
   far self / previous / next spread to neighbours, how peaked a band, the punctuation stripes, the
   heterogeneous rows and the broad rows are.
 
@@ -118,6 +119,12 @@ def _tokens(rng: np.random.Generator, n: int, causal: bool) -> _Tokens:
     free = np.setdiff1d(np.arange(1, n), sep_pos)
     k = max(1, int(round(rng.uniform(0.08, 0.15) * n)))
     punct_pos = np.sort(rng.choice(free, size=min(k, len(free)), replace=False))
+    early = free[free <= max(1, n // 4)]
+    if causal and punct_pos[0] > max(1, n // 4) and len(early):
+        # a causal row sees no punctuation after it: keep one in the first quarter, or a causal
+        # punct map would be mostly its fallback (the first token)
+        punct_pos[0] = rng.choice(early)
+        punct_pos = np.sort(punct_pos)
     # segments: everything up to and including a separator belongs to the segment it closes
     seg = np.zeros(n, dtype=np.int64)
     for s in sep_pos:
@@ -240,7 +247,9 @@ def _smooth_noise(rng, n: int) -> np.ndarray:
 def _band(rng, tk: _Tokens, temp: float) -> np.ndarray:
     n = tk.n
     half = min(int(rng.integers(2, 9)), max(2, n // 4))
-    beta = rng.uniform(0.0, 1.2) / temp
+    # decay across the window, at most e^-1.5 at its edge: a band stays a window (a band of half-width
+    # 2 with a steep decay would be a self head)
+    beta = min(rng.uniform(0.0, 1.2) / temp, 1.5)
     d = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None])
     w = np.where(d <= half, np.exp(-beta * d / half), 0.0) * _jitter(rng, (n, n), 0.25)
     w *= _visible(n, tk.causal)
@@ -313,8 +322,12 @@ def _mixture(rng, dominant: str, causal: bool) -> tuple[dict, float]:
 
 
 def sample_map(seed: int, index: int, dominant: str | None = None, causal: bool | None = None,
-               n: int | None = None) -> MapSample:
-    """The ``index``-th map of stream ``seed``; ``dominant`` / ``causal`` / ``n`` pin those draws."""
+               n: int | None = None, pure: bool = False) -> MapSample:
+    """The ``index``-th map of stream ``seed``; ``dominant`` / ``causal`` / ``n`` pin those draws.
+
+    ``pure``: the dominant component alone (no secondary components, no noise floor), with the same
+    token roles and component randomness as the mixed map of the same (seed, index).
+    """
     rng = np.random.default_rng([seed, index])
     label = int(rng.integers(len(PATTERN_TYPES)))
     is_causal = rng.random() < CAUSAL_SHARE
@@ -329,6 +342,8 @@ def sample_map(seed: int, index: int, dominant: str | None = None, causal: bool 
     n = n_draw if n is None else int(n)
     tk = _tokens(rng, n, is_causal)
     weights, lam = _mixture(rng, PATTERN_TYPES[label], is_causal)
+    if pure:
+        weights, lam = {PATTERN_TYPES[label]: 1.0}, 0.0
     names = list(weights)
     w = np.array([weights[t] for t in names])
     row_w = w[None, :] * _jitter(rng, (n, len(names)), 0.25)  # per-row weights around the mixture
@@ -381,9 +396,18 @@ def featurize(samples: list[MapSample], image_size: int = 32):
     return images, profile, stats, labels
 
 
-def generate_features(seed: int, count: int, image_size: int = 32, start: int = 0, chunk: int = 2000):
-    """``featurize(generate(seed, count, start))`` without holding every full map in memory."""
+def generate_features(seed: int, count: int, image_size: int = 32, start: int = 0, chunk: int = 1000,
+                      with_info: bool = False):
+    """``featurize(generate(seed, count, start))`` without holding every full map in memory.
+
+    With ``with_info``, two more tensors: each map's length n and causal flag.
+    """
     parts = []
     for a in range(start, start + count, chunk):
-        parts.append(featurize(generate(seed, min(chunk, start + count - a), start=a), image_size))
-    return tuple(torch.cat([p[i] for p in parts]) for i in range(4))
+        samples = generate(seed, min(chunk, start + count - a), start=a)
+        f = featurize(samples, image_size)
+        if with_info:
+            f = (*f, torch.tensor([s.n for s in samples]), torch.tensor([s.causal for s in samples]))
+        parts.append(f)
+        del samples
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))

@@ -1,6 +1,6 @@
 """Train the pattern CNN on generated maps, on the CPU.
 
-    python -m rapids_attn.patterns.train [--seed 0] [--n-train 40000] [--epochs 10] \\
+    python -m rapids_attn.patterns.train [--seed 0] [--n-train 50000] [--epochs 12] \\
         [--out rapids_attn/patterns/weights]
 
 1. generates ``--n-train`` labelled maps from stream ``seed`` and featurises them with the pipeline's
@@ -38,20 +38,23 @@ SMALL_HELDOUT = 1000   # the unit test re-generates this many held-out maps and 
 
 
 def _features_job(args):
-    seed, count, start, image_size = args
+    seed, count, start, image_size, with_info = args
     torch.set_num_threads(1)
-    return generate_features(seed, count, image_size, start=start)
+    return generate_features(seed, count, image_size, start=start, with_info=with_info)
 
 
-def parallel_features(seed: int, count: int, image_size: int = 32, workers: int = 2, chunk: int = 1000):
-    """generate_features(seed, count) computed in ``workers`` processes; identical result."""
-    jobs = [(seed, min(chunk, count - a), a, image_size) for a in range(0, count, chunk)]
+def parallel_features(seed: int, count: int, image_size: int = 32, workers: int = 2, chunk: int = 1000,
+                      with_info: bool = False):
+    """generate_features(seed, count) computed in ``workers`` processes (the same result whatever
+    their number: every map is seeded by its own index). Call it under ``if __name__ == "__main__"``
+    (the workers are spawned)."""
+    jobs = [(seed, min(chunk, count - a), a, image_size, with_info) for a in range(0, count, chunk)]
     if workers <= 1 or len(jobs) == 1:
         parts = [_features_job(j) for j in jobs]
     else:
         with mp.get_context("spawn").Pool(workers) as pool:
             parts = pool.map(_features_job, jobs)
-    return tuple(torch.cat([p[i] for p in parts]) for i in range(4))
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
 
 
 @torch.inference_mode()
@@ -81,10 +84,19 @@ def format_confusion(c: np.ndarray, classes=PATTERN_TYPES) -> str:
     return "\n".join(rows)
 
 
-def train(seed: int = 0, n_train: int = 40000, epochs: int = 10, n_heldout: int = 5000, batch_size: int = 256,
+def train(seed: int = 0, n_train: int = 50000, epochs: int = 12, n_heldout: int = 5000, batch_size: int = 256,
           lr: float = 3e-3, image_size: int = 32, embed_dim: int = 128, width: int = 24, workers: int = 2,
           out: Path | None = WEIGHTS_DIR, command: str | None = None, log=print) -> tuple[PatternCNN, dict]:
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
+    try:
+        return _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_dim, width, workers, out,
+                      command, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_dim, width, workers, out, command, log):
     t_start = time.perf_counter()
     images, profile, stats, labels = parallel_features(seed, n_train, image_size, workers)
     t_data = time.perf_counter() - t_start
@@ -117,7 +129,7 @@ def train(seed: int = 0, n_train: int = 40000, epochs: int = 10, n_heldout: int 
             loss.backward()
             opt.step()
             sched.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
             correct += int((logits.argmax(1) == labels[idx]).sum())
             seen += len(idx)
         h_acc = float((predict(model, h_images, h_profile, h_stats) == h_labels).float().mean())
@@ -163,8 +175,8 @@ def train(seed: int = 0, n_train: int = 40000, epochs: int = 10, n_heldout: int 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m rapids_attn.patterns.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-train", type=int, default=40000)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--n-train", type=int, default=50000)
+    p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--n-heldout", type=int, default=5000)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
