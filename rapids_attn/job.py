@@ -74,6 +74,9 @@ class ExtractConfig(Section):
     shard_size: int = Field(128, gt=0)
     #: padded tokens per forward batch (batch size x longest input in the batch).
     token_budget: int = Field(8192, gt=0)
+    #: attention entries per head and layer per batch (batch size x longest input squared): bounds
+    #: the memory of one layer's maps, so peak memory does not grow with the longest input.
+    attention_budget: int = Field(8192 * 192, gt=0)
     max_batch_size: int = Field(64, gt=0)
     #: where the model and the embedder run: auto picks CUDA when a worker sees a GPU.
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -91,9 +94,10 @@ class ExtractConfig(Section):
 
 
 class EmbedConfig(Section):
-    #: ``pooled`` (the area-pooled map, flattened) or a torchvision classification model name
-    #: such as ``resnet18`` / ``resnet50`` (its penultimate layer).
-    name: str = "pooled"
+    #: ``pattern-cnn`` (the attention-pattern CNN shipped with the package: 128-d features and a
+    #: pattern type per map), ``pooled`` (the area-pooled map, flattened: the baseline), or a
+    #: torchvision classification model name such as ``resnet18`` / ``resnet50`` (penultimate layer).
+    name: str = "pattern-cnn"
     #: pooled: side of the pooled map (dim = pooled_size ** 2); must divide image_size or be <= it.
     pooled_size: int = Field(16, ge=2, le=128)
     #: backbones: ``imagenet`` (torchvision's cache), ``random`` (a control), or a weights file.
@@ -226,7 +230,9 @@ class JobConfig(Section):
         """Hash of everything that decides the store's contents; a store from another key is refused."""
         d = self.to_dict()
         keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
-        keep["extract"] = {k: v for k, v in keep["extract"].items() if k != "device"}
+        # where and in which batches maps are computed does not change them (tested: batch invariance)
+        keep["extract"] = {k: v for k, v in keep["extract"].items()
+                           if k not in ("device", "token_budget", "attention_budget", "max_batch_size")}
         keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 

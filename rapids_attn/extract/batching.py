@@ -65,15 +65,19 @@ def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
     return Tokenized(input_ids=full, truncated=truncated, token_type_ids=types)
 
 
-def length_batches(lengths: list[int], token_budget: int, max_batch_size: int) -> list[list[int]]:
-    """Indices grouped so that len(batch) * max(length in batch) <= token_budget (a single input
-    longer than the budget still gets a batch of its own)."""
+def length_batches(lengths: list[int], token_budget: int, max_batch_size: int,
+                   attention_budget: int | None = None) -> list[list[int]]:
+    """Indices grouped so that len(batch) * max(length in batch) <= token_budget and, when given,
+    len(batch) * max(length)^2 <= attention_budget (one layer's attention entries per head), so a
+    batch's attention memory is bounded whatever the longest input; an input over a budget still
+    gets a batch of its own."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     cur: list[int] = []
     for i in order:
         longest = lengths[cur[0]] if cur else lengths[i]
-        if cur and ((len(cur) + 1) * longest > token_budget or len(cur) >= max_batch_size):
+        over_attention = attention_budget is not None and (len(cur) + 1) * longest * longest > attention_budget
+        if cur and ((len(cur) + 1) * longest > token_budget or over_attention or len(cur) >= max_batch_size):
             batches.append(cur)
             cur = []
         cur.append(i)

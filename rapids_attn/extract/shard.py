@@ -117,7 +117,7 @@ class Extractor:
         thumbs = np.zeros((n, nl, nh, t, t), dtype=np.uint8) if t else None
         seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
         ecfg = self.cfg.extract
-        for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size):
+        for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size, ecfg.attention_budget):
             t1 = time.perf_counter()
             out = self.run_batch(**tok.batch(idx))
             t2 = time.perf_counter()

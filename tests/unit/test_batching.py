@@ -139,3 +139,16 @@ def test_input_exactly_at_max_length_is_not_truncated(bert_tok):
 def test_mixed_singles_and_pairs_rejected(bert_tok):
     with pytest.raises(ValueError, match="mixes"):
         tokenize(bert_tok, [Example("a", "x", "y"), Example("b", "z")], max_length=32)
+
+
+def test_attention_budget_bounds_batch_times_length_squared():
+    lengths = [500, 480, 300, 290, 120, 100, 100, 90, 40, 30]
+    budget = 200 * 200 * 2
+    batches = length_batches(lengths, token_budget=10_000, max_batch_size=64, attention_budget=budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        longest = max(lengths[i] for i in b)
+        assert len(b) == 1 or len(b) * longest * longest <= budget
+    # without it, the token budget alone would put the two longest inputs together
+    assert any(0 in b and 1 in b for b in length_batches(lengths, 10_000, 64))
+    assert not any(0 in b and 1 in b for b in batches)

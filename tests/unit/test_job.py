@@ -23,7 +23,7 @@ def minimal(tmp_path: Path, extra: str = "") -> Path:
 def test_defaults_fill_every_section(tmp_path):
     cfg = load_job(minimal(tmp_path))
     assert cfg.extract.image_size == 32
-    assert cfg.embed.name == "pooled"
+    assert cfg.embed.name == "pattern-cnn"
     assert cfg.cluster.method == "kmeans"
     assert cfg.runtime.dashboard_address == "127.0.0.1:8787"
     assert cfg.model.trust_remote_code is False
@@ -140,3 +140,10 @@ def test_run_dir_uses_name(tmp_path):
     cfg = load_job(minimal(tmp_path, "name: demo\n"))
     assert cfg.run_dir == Path.cwd() / "runs" / "demo"  # absolute: workers elsewhere find it
     assert isinstance(cfg, JobConfig)
+
+
+def test_batching_settings_do_not_change_the_store_key(tmp_path):
+    a = load_job(minimal(tmp_path))
+    b = load_job(minimal(tmp_path), ["extract.token_budget=4096", "extract.attention_budget=100000",
+                                     "extract.max_batch_size=8", "extract.device=cpu", "embed.batch_size=64"])
+    assert a.extraction_key() == b.extraction_key()
