@@ -155,9 +155,11 @@ def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: b
     return torch.stack(cols, dim=-1)
 
 
-def detector_scores(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """[head, n, n] maps and their token ids [n] -> [head, len(DETECTOR_NAMES)]."""
-    dup, ind = repeat_masks(ids)
+def detector_scores(a: torch.Tensor, ids: torch.Tensor | None = None,
+                    patterns: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """[head, n, n] maps and their token ids [n] (or their ``repeat_masks``, when the caller
+    reuses them across layers) -> [head, len(DETECTOR_NAMES)]."""
+    dup, ind = patterns if patterns is not None else repeat_masks(ids)
     return torch.stack([detector_score(a, dup), detector_score(a, ind)], dim=-1)
 
 
@@ -205,6 +207,7 @@ class LayerReducer:
         self.stats = torch.zeros(*shape, len(STAT_NAMES), device=device)
         self.profile = torch.zeros(*shape, len(PROFILE_OFFSETS), device=device)
         self.detectors = torch.zeros(*shape, len(DETECTOR_NAMES), device=device)
+        self._patterns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # example -> repeat_masks
 
     def __call__(self, layer: int, weights: torch.Tensor) -> None:
         pos = self.layer_pos.get(layer)
@@ -215,7 +218,9 @@ class LayerReducer:
         for b, n in enumerate(self.lengths):
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
             self.stats[b, pos] = map_stats(crop, self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal)
-            self.detectors[b, pos] = detector_scores(crop, self.masks.ids[b, :n])
+            if b not in self._patterns:  # the token ids are the same for every layer: build once
+                self._patterns[b] = repeat_masks(self.masks.ids[b, :n])
+            self.detectors[b, pos] = detector_scores(crop, patterns=self._patterns[b])
             self.profile[b, pos] = offset_profile(crop)
             img = area_resize(crop, self.image_size)
             self.images[b, pos] = img
