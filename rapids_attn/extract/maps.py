@@ -198,6 +198,9 @@ class LayerReducer:
         self.masks = masks
         self.layer_pos = {layer: i for i, layer in enumerate(layers)}
         self.heads = torch.tensor(heads, dtype=torch.long, device=device)
+        #: heads 0..k-1 (the default: all of them) are a view of a layer's weights; index_select
+        #: would copy the whole [batch, head, T, T] tensor (13% of a long batch's time on the CPU)
+        self.head_prefix = len(heads) if list(heads) == list(range(len(heads))) else None
         self.image_size = image_size
         self.thumb_size = thumb_size
         self.causal = causal
@@ -214,7 +217,10 @@ class LayerReducer:
         if pos is None:
             return
         # weights: [batch, head, q, k]
-        w = weights.index_select(1, self.heads.to(weights.device))
+        if self.head_prefix is not None:
+            w = weights[:, :self.head_prefix]
+        else:
+            w = weights.index_select(1, self.heads.to(weights.device))
         for b, n in enumerate(self.lengths):
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
             self.stats[b, pos] = map_stats(crop, self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal)
