@@ -91,7 +91,12 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...], overwrite: bool = False) 
 
     from rapids_attn.embed import build_embedder
 
-    embedder = build_embedder(cfg.embed, cfg.extract.image_size, "cpu")  # also fetches/validates weights
+    # also fetches and checks the weights; the int8 calibration is left to the workers
+    embedder = build_embedder(cfg.embed, cfg.extract.image_size, "cpu", prepare=False)
+    if cfg.embed.precision == "int8" and (cfg.extract.device == "cuda"
+                                          or (cfg.extract.device == "auto" and _cuda_visible())):
+        raise JobConfigError("embed.precision: int8 runs on the CPU only and extraction would run on a GPU; "
+                             "use precision: auto (float16 on a GPU) or extract.device: cpu")
     if cfg.extract.thumbnail_size > cfg.extract.image_size:
         raise JobConfigError(
             f"extract.thumbnail_size: {cfg.extract.thumbnail_size} exceeds extract.image_size {cfg.extract.image_size}"
@@ -336,3 +341,9 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = STAGES, overwrite: bool = 
         write_json(plan.run_dir / "summary.json", summary)
     return summary or {"stages": list(stages), "learn": learn_info, "extract": extract_info,
                        "seconds": {k: round(v, 3) for k, v in plan.timings.items()}}
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -53,14 +53,15 @@ class PatternCNNEmbedder(Embedder):
     """The attention-pattern CNN shipped with the package (``embed.name: pattern-cnn``): its
     penultimate layer as features, plus the predicted pattern type and its probability per map."""
 
-    def __init__(self, device: str = "cpu", batch_size: int = 4096):
+    def __init__(self, device: str = "cpu", batch_size: int = 4096, precision: str = "auto"):
         import hashlib
 
         from rapids_attn.embed.pattern import PatternEmbedder
         from rapids_attn.patterns.cnn import WEIGHTS_DIR
 
         try:
-            self.net = PatternEmbedder(device=device, batch_size=batch_size)
+            self.net = PatternEmbedder(device=device, batch_size=batch_size,
+                                       dtype=torch.float32 if precision == "float32" else None)
         except FileNotFoundError as e:
             raise JobConfigError(
                 f"embed.name: pattern-cnn weights are missing ({e}); reinstall rapids_attn or retrain them with "
@@ -79,12 +80,14 @@ class PatternCNNEmbedder(Embedder):
         return feats, {"pattern": pattern, "pattern_prob": prob}
 
 
-def build_embedder(cfg, image_size: int, device: str = "cpu") -> Embedder:
-    """``cfg`` is the job's EmbedConfig. Raises JobConfigError for an unknown name or bad weights."""
+def build_embedder(cfg, image_size: int, device: str = "cpu", prepare: bool = True) -> Embedder:
+    """``cfg`` is the job's EmbedConfig. Raises JobConfigError for an unknown name or bad weights.
+    ``prepare=False`` (preflight) loads and checks without the one-off int8 calibration."""
     if cfg.name == "pooled":
         return PooledEmbedder(image_size, cfg.pooled_size)
     if cfg.name == "pattern-cnn":
-        return PatternCNNEmbedder(device, cfg.batch_size)
+        return PatternCNNEmbedder(device, cfg.batch_size, cfg.precision)
     from rapids_attn.embed.backbone import BackboneEmbedder
 
-    return BackboneEmbedder(cfg.name, cfg.weights, cfg.input_size, cfg.batch_size, device)
+    return BackboneEmbedder(cfg.name, cfg.weights, cfg.input_size, cfg.batch_size, device,
+                            precision=cfg.precision, image_size=image_size, prepare=prepare)

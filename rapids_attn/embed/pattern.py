@@ -27,11 +27,13 @@ from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize
 class PatternEmbedder(Embedder):
     name = "pattern-cnn"
 
-    def __init__(self, device="cpu", batch_size: int = 4096, weights_dir: Path | str | None = None):
+    def __init__(self, device="cpu", batch_size: int = 4096, weights_dir: Path | str | None = None,
+                 dtype: torch.dtype | None = None):
+        """``dtype``: None for float16 on CUDA and float32 on the CPU."""
         from rapids_attn.patterns.cnn import load_pattern_cnn
 
         self.device = torch.device(device)
-        self.dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
         model, meta = load_pattern_cnn(self.device, weights_dir)
         self.model = model.to(self.dtype)
         self.meta = meta

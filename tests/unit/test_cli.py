@@ -51,6 +51,14 @@ def test_layer_out_of_range_is_a_user_error(tmp_path, capsys, tiny_bert_dir, pai
     assert "extract.layers: [5] out of range" in capsys.readouterr().err
 
 
+def test_int8_on_a_gpu_is_refused_in_preflight(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data, extract={"device": "cuda"},
+                   embed={"name": "resnet18", "weights": "random", "precision": "int8"})
+    assert main([str(job_file(tmp_path, job))]) == 2
+    assert "embed.precision: int8 runs on the CPU only" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_stage(tmp_path, capsys, tiny_bert_dir, pair_data):
     job = make_job(tmp_path, tiny_bert_dir, pair_data)
     assert main([str(job_file(tmp_path, job)), "--stages", "extract,lern"]) == 2

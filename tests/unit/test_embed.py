@@ -156,6 +156,56 @@ def test_build_embedder_dispatch():
     assert isinstance(build_embedder(EmbedConfig(name="pooled", pooled_size=4), image_size=8), PooledEmbedder)
 
 
+# --- int8 backbones (CPU) ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def resnet18_fp32_int8():
+    fp32 = BackboneEmbedder("resnet18", "random", input_size=32, batch_size=8)
+    int8 = BackboneEmbedder("resnet18", "random", input_size=32, batch_size=8, precision="int8", image_size=16)
+    return fp32, int8
+
+
+def test_int8_backbone_tracks_float32_on_attention_maps(resnet18_fp32_int8):
+    from rapids_attn.patterns.generator import generate_features
+
+    fp32, int8 = resnet18_fp32_int8
+    # held-out synthetic maps (another seed than the calibration's), as the pipeline gives them
+    x = generate_features(99, 24, image_size=16)[0]
+    a, b = fp32(x), int8(x)
+    assert b.shape == a.shape == (24, 512) and b.dtype == torch.float32
+    assert any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in int8.net.modules())  # really int8
+    assert not torch.equal(a, b)
+    cos = torch.nn.functional.cosine_similarity(a, b)
+    assert cos.min() > 0.99, cos
+    # the geometry the clustering sees is kept: pairwise distances correlate almost perfectly
+    iu = torch.triu_indices(24, 24, 1)
+    da, db = torch.cdist(a, a)[iu[0], iu[1]], torch.cdist(b, b)[iu[0], iu[1]]
+    assert torch.corrcoef(torch.stack([da, db]))[0, 1] > 0.98
+
+
+def test_int8_calibration_is_the_same_in_every_worker(resnet18_fp32_int8):
+    # two workers quantize independently: their features must be identical, or shards would disagree
+    _, int8 = resnet18_fp32_int8
+    other = BackboneEmbedder("resnet18", "random", input_size=32, batch_size=8, precision="int8", image_size=16)
+    x = maps(10, 16, seed=3)
+    assert torch.equal(int8(x), other(x))
+
+
+def test_int8_is_cpu_only_and_for_backbones_only(tmp_path):
+    with pytest.raises(JobConfigError, match=r"embed\.precision: int8 runs on the CPU only"):
+        BackboneEmbedder("resnet18", "random", input_size=32, batch_size=8, device="cuda", precision="int8")
+    with pytest.raises(ValueError, match="precision int8 applies to torchvision backbones"):
+        EmbedConfig(name="pattern-cnn", precision="int8")
+    with pytest.raises(ValueError, match="precision int8 applies to torchvision backbones"):
+        EmbedConfig(name="pooled", precision="int8")
+
+
+def test_preflight_skips_the_int8_calibration():
+    emb = build_embedder(EmbedConfig(name="resnet18", weights="random", precision="int8"), image_size=8, prepare=False)
+    assert not any(type(m).__module__.startswith("torch.ao.nn") for m in emb.net.modules())
+
+
 # --- ImageNet weights: cache, offline failure -------------------------------------------------
 
 
