@@ -47,7 +47,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rapids_attn.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="SQuAD-format file (default: ../shared/data/...)")
     ap.add_argument("--examples", type=int, default=64, help="examples for the pipeline and bare-forward cases")
-    ap.add_argument("--naive-examples", type=int, default=16, help="examples for the naive baseline and matched run")
+    ap.add_argument("--naive-examples", type=int, default=None,
+                    help="examples for the naive baseline and matched runs (default: --examples, the same examples; "
+                         "fewer are a different, smaller sample whose length mix differs)")
     ap.add_argument("--backbone", default="resnet50",
                     help="the baseline's CNN (the prior work: ResNet-50, 2048-d); the matched run uses it too")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.examples, args.naive_examples, args.fit_sizes = 8, 2, "2000"
+    if args.naive_examples is None:
+        args.naive_examples = args.examples
     if not Path(args.data).is_file():
         print(f"error: --data: no such file: {args.data}", file=sys.stderr)
         return 2
@@ -70,8 +74,12 @@ def main(argv=None) -> int:
     R["pipeline_4x"] = run_case({**base, "case": "pipeline", "examples": 4 * n})
     R["bare"] = run_case({**base, "case": "bare", "examples": n})
     R["naive"] = run_case({**base, "case": "naive", "examples": nn, "input_size": 224, "backbone": args.backbone})
-    R["matched"] = run_case({**base, "case": "pipeline", "examples": nn, "embed": args.backbone, "input_size": 224})
-    R["defaults_small"] = run_case({**base, "case": "pipeline", "examples": nn})
+    matched = {**base, "case": "pipeline", "examples": nn, "embed": args.backbone, "input_size": 224}
+    R["matched"] = run_case({**matched, "precision": "float32"})
+    if args.device == "cpu":
+        R["matched_int8"] = run_case({**matched, "precision": "int8"})
+        R["int8_fidelity"] = run_case({"case": "fidelity", "a": R["matched"]["run_dir"], "b": R["matched_int8"]["run_dir"]})
+    R["defaults_small"] = R["pipeline"] if nn == n else run_case({**base, "case": "pipeline", "examples": nn})
     R["pooled_small"] = run_case({**base, "case": "pipeline", "examples": nn, "embed": "pooled"})
     R["capture"] = [run_case({**base, "case": "capture", "examples": n, "mode": m, "batch": 32})
                     for m in ("hooks", "output_attentions")]
@@ -120,24 +128,35 @@ def report(R: dict) -> str:
         [f"naive baseline (batch 1, padded, {nv['spec']['backbone']} @224 per map, {nv['dim']}-d CSV)",
          f"{naive_rate:,.1f}", "1.0x",
          f"{nv['bytes'] / nv['maps']:,.0f}", "1.0x"],
-        [f"rapids_attn, matched ({m['spec']['embed']} @224, batched)", f"{_map_rate(m):,.1f}",
-         f"{_map_rate(m) / naive_rate:,.1f}x",
-         f"{sum(m['store_bytes'].values()) / m['maps']:,.0f}",
-         f"{(nv['bytes'] / nv['maps']) / (sum(m['store_bytes'].values()) / m['maps']):,.0f}x"],
     ]
-    for label, c in (("rapids_attn, defaults (pattern-cnn)", ds), ("rapids_attn, pooled 16x16 embedder", R.get("pooled_small"))):
+    mi = R.get("matched_int8")
+    backbone = m["spec"]["embed"]
+    for label, c in ((f"rapids_attn, matched ({backbone} @224, float32, batched)", m),
+                     (f"rapids_attn, matched ({backbone} @224, int8: embed.precision int8)", mi),
+                     ("rapids_attn, defaults (pattern-cnn)", ds), ("rapids_attn, pooled 16x16 embedder", R.get("pooled_small"))):
         if c is None:
             continue
         rows.append([label, f"{_map_rate(c):,.1f}", f"{_map_rate(c) / naive_rate:,.1f}x",
                      f"{sum(c['store_bytes'].values()) / c['maps']:,.0f}",
                      f"{(nv['bytes'] / nv['maps']) / (sum(c['store_bytes'].values()) / c['maps']):,.0f}x"])
-    rows.append([f"rapids_attn, defaults, {p['examples']} examples (not the same examples)", f"{_map_rate(p):,.1f}",
-                 f"{_map_rate(p) / naive_rate:,.1f}x", f"{sum(p['store_bytes'].values()) / p['maps']:,.0f}",
-                 f"{(nv['bytes'] / nv['maps']) / (sum(p['store_bytes'].values()) / p['maps']):,.0f}x"])
+    if ds["examples"] != p["examples"]:
+        rows.append([f"rapids_attn, defaults, {p['examples']} examples (not the same examples)", f"{_map_rate(p):,.1f}",
+                     f"{_map_rate(p) / naive_rate:,.1f}x", f"{sum(p['store_bytes'].values()) / p['maps']:,.0f}",
+                     f"{(nv['bytes'] / nv['maps']) / (sum(p['store_bytes'].values()) / p['maps']):,.0f}x"])
     out.append(f"### Against the naive pipeline (same {nv['examples']} examples, same model)\n")
     out.append(table(["pipeline", "maps/s", "speed-up", "bytes/map", "smaller by"], rows))
     nvs = nv["seconds"]
-    out.append(f"\nNaive time split: forward {nvs['forward']:.1f} s, CNN {nvs['embed']:.1f} s, CSV {nvs['write']:.1f} s.\n")
+    out.append(f"\nNaive time split: forward {nvs['forward']:.1f} s, CNN {nvs['embed']:.1f} s, CSV {nvs['write']:.1f} s.")
+    ms = m["worker_seconds"]
+    out.append(f"Matched float32 split: extract {ms['tokenize'] + ms['forward']:.1f} s, CNN {ms['embed']:.1f} s, "
+               f"write {ms['write']:.1f} s.")
+    fid = R.get("int8_fidelity")
+    if fid:
+        out.append(f"\nint8 against float32 features ({fid['maps']:,} real maps, both stored as float16): cosine mean "
+                   f"{fid['cos_mean']:.4f}, 1st percentile {fid['cos_p01']:.4f}, min {fid['cos_min']:.4f}; clusters "
+                   f"(k={fid['k']}) agree at ARI {fid['ari_int8_vs_fp32']:.3f}, against {fid['ari_fp32_reseeded']:.3f} for "
+                   "float32 features clustered again with another KMeans seed.")
+    out.append("")
 
     out.append(f"### Against the bare forward pass ({bare['examples']} examples, same batches)\n")
     frac = _map_rate(p) / bare_rate

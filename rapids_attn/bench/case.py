@@ -70,7 +70,8 @@ def _job(spec: dict, run_dir: Path):
         f"extract.shard_size={spec.get('shard_size', 64)}", f"store.compression_level={spec.get('level', 3)}",
     ]
     if spec.get("embed", "pooled") != "pooled" and spec.get("embed") != "pattern-cnn":
-        sets += ["embed.weights=random", f"embed.input_size={spec.get('input_size', 64)}"]
+        sets += ["embed.weights=random", f"embed.input_size={spec.get('input_size', 64)}",
+                 f"embed.precision={spec.get('precision', 'auto')}"]
     workers = spec.get("workers", 0)
     if workers == 0:  # in-process: one worker thread in this process, torch on every core
         sets += ["runtime.processes=false", "runtime.n_workers=1", f"runtime.threads_per_worker={os.cpu_count()}"]
@@ -240,7 +241,32 @@ def case_codec(spec: dict) -> dict:
     return {"maps": int(np.prod(feats.shape[:3])), "results": out}
 
 
-CASES = {"pipeline": case_pipeline, "bare": case_bare, "naive": case_naive, "capture": case_capture,
+def case_fidelity(spec: dict) -> dict:
+    """How far int8 features are from float32 ones: two finished runs over the same examples (same
+    order), compared map by map, and their clusterings against each other. The noise floor is the
+    same features clustered again with another seed."""
+    import numpy as np
+    import pandas as pd
+    import zarr
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import adjusted_rand_score
+
+    runs = [Path(spec["a"]), Path(spec["b"])]
+    feats = [np.asarray(zarr.open_group(str(r / "store.zarr"), mode="r")["features"][:], dtype=np.float32) for r in runs]
+    a, b = (f.reshape(-1, f.shape[-1]) for f in feats)
+    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    labels = [pd.read_parquet(r / "maps.parquet").sort_values(["example_index", "layer", "head"])["cluster"].to_numpy()
+              for r in runs]
+    k = int(labels[0].max()) + 1
+    z = PCA(32, random_state=0).fit_transform(a)
+    reseeded = KMeans(k, n_init=4, random_state=1).fit_predict(z)  # as the pipeline fits, another seed
+    return {"maps": int(a.shape[0]), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
+            "cos_p01": float(np.quantile(cos, 0.01)), "ari_int8_vs_fp32": float(adjusted_rand_score(*labels)),
+            "ari_fp32_reseeded": float(adjusted_rand_score(labels[0], reseeded)), "k": k}
+
+
+CASES = {"pipeline": case_pipeline, "fidelity": case_fidelity, "bare": case_bare, "naive": case_naive, "capture": case_capture,
          "fit": case_fit, "codec": case_codec}
 
 
