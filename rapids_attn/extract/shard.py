@@ -132,6 +132,8 @@ class Extractor:
             detectors[idx] = out["detectors"].cpu().numpy()
             if thumbs is not None:
                 thumbs[idx] = encode_thumbnails(out["thumbnails"].cpu().numpy())
+            del out, images, f, more
+            trim_heap()
             t3 = time.perf_counter()
             seconds["forward"] += t2 - t1
             seconds["embed"] += t3 - t2
@@ -175,6 +177,30 @@ def get_extractor(task: ShardTask) -> Extractor:
 def process_shard(task: ShardTask) -> ShardResult:
     """The function Dask runs: load (once) and process one shard."""
     return get_extractor(task).process(task)
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the OS (glibc only; elsewhere a no-op).
+
+    Batches allocate tensors of every size (crops and stats temporaries up to 12 x 512^2 floats);
+    glibc serves the middle sizes from its heap (its mmap threshold rises as big blocks are freed)
+    and keeps the freed pages, so without this a worker's peak RSS crept up with the number of
+    batches it had run (docs/benchmarks.md, "Memory"). Called after each batch; it costs
+    milliseconds against a batch's tenths of a second.
+    """
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
+
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
 
 
 def release_worker_cache() -> int:
