@@ -150,6 +150,29 @@ def test_unknown_backbone_suggests_the_near_name():
         BackboneEmbedder("resnet81", "random", input_size=32, batch_size=8)
 
 
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "convnext_tiny"])
+def test_other_backbones_give_flat_features(name):
+    # ConvNeXt's classifier holds the flatten; MobileNet's has no batch norm after its last conv
+    emb = BackboneEmbedder(name, "random", input_size=32, batch_size=4)
+    out = emb(maps(3, 16))
+    assert out.shape == (3, emb.dim) and torch.isfinite(out).all()
+
+
+def test_batch_norms_are_folded_exactly():
+    import torchvision
+
+    emb = BackboneEmbedder("resnet18", "random", input_size=32, batch_size=4)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in emb.net.modules())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # the same seeded network, unfolded
+        plain = torchvision.models.resnet18(weights=None).eval()
+    plain.fc = torch.nn.Identity()
+    x = maps(4, 16)
+    with torch.no_grad():
+        expected = plain(emb._prepare(x).contiguous())
+    torch.testing.assert_close(emb(x), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_build_embedder_dispatch():
     emb = build_embedder(EmbedConfig(name="resnet18", weights="random", input_size=16), image_size=8)
     assert isinstance(emb, BackboneEmbedder) and emb.dim == 512 and emb.input_size == 16
