@@ -107,7 +107,7 @@ class EmbedConfig(Section):
     batch_size: int = Field(1024, gt=0)
     #: ``auto`` (float16 on a GPU, float32 on the CPU), ``float32`` everywhere, or ``int8``:
     #: torchvision backbones on the CPU only, quantized after training and calibrated on fixed
-    #: synthetic maps (about 2.5x faster for ResNet-50 at 224; docs/benchmarks.md).
+    #: synthetic maps (2.4x faster than float32 for ResNet-50 at 224; docs/benchmarks.md).
     precision: Literal["auto", "float32", "int8"] = "auto"
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ half precision on a GPU.
 oneDNN kernels), calibrated on a fixed seeded set of synthetic attention maps
 (:mod:`rapids_attn.patterns.generator`), so every worker builds the same quantized network and
 features from different shards are comparable. On the 2-core CPU of docs/benchmarks.md it runs
-ResNet-50 at 224 about 2.5x faster than float32, with features at cosine > 0.999 to float32's.
+ResNet-50 at 224 2.4x faster than float32, with features at cosine > 0.999 to float32's.
 """
 
 from __future__ import annotations
