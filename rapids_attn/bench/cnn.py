@@ -65,9 +65,8 @@ def main(argv=None) -> int:
         rows.append((name, batch, r, cos))
         print(f"  {name} batch {batch}: {r:.1f} maps/s", file=sys.stderr, flush=True)
 
-    nchw = plain
-    add("eager, NCHW (the naive pipeline)", nchw, x, 1)
-    add("eager, NCHW", nchw, x, 8)
+    add("eager, NCHW (the naive pipeline)", plain, x, 1)
+    add("eager, NCHW", plain, x, 8)
     add("eager, channels-last", net, x_cl, 1)
     add("eager, channels-last", net, x_cl, 8)
     add("eager, channels-last", net, x_cl, 16)
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     add("TorchScript freeze + optimize_for_inference", frozen, x_cl, 8)
     from torch.utils import mkldnn
 
-    mk = mkldnn.to_mkldnn(fuse(copy.deepcopy(nchw)))
+    mk = mkldnn.to_mkldnn(fuse(copy.deepcopy(plain)))
     add("oneDNN tensors (to_mkldnn), folded", lambda t: mk(t.to_mkldnn()).to_dense(), x, 8)
     if args.compile:
         import torch._inductor.config as inductor

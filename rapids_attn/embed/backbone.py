@@ -179,7 +179,6 @@ class BackboneEmbedder(Embedder):
         self.input_size = input_size
         self.batch_size = batch_size
         self.device = torch.device(device)
-        self.precision = precision
         if precision == "int8" and self.device.type != "cpu":
             raise JobConfigError(
                 f"embed.precision: int8 runs on the CPU only, but this worker embeds on {self.device}; "
