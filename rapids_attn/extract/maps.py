@@ -120,47 +120,96 @@ class TokenMasks:
         return cls(sep=sep, punct=punct, ids=input_ids)
 
 
+#: the linear statistics, one column each of ``SignatureWeights.w``: a map's row i times w[i, :, k]
+_LINEAR = ("first", "sep", "punct", "mass", "distance", "dup", "induction")
+_COL = {name: k for k, name in enumerate(_LINEAR)}
+
+
+@dataclass
+class SignatureWeights:
+    """What one example's maps are reduced against, built once and shared by every layer and head.
+
+    Most of the signature is linear in the map: mass on the first token, on separators, on
+    punctuation, the row's total mass, the mean distance, the detectors' hits. Each is row i of the
+    map dotted with a weight row w[i, :, k], so a single batched matmul over the rows computes all of
+    them in one pass over the map, instead of one elementwise pass (and a temporary) per statistic.
+    """
+
+    w: torch.Tensor         # [n, n, K] float32, K = len(_LINEAR), or 5 without token ids
+    log_seen: torch.Tensor  # [n] log(number of keys row i can see)
+    valid: torch.Tensor     # [n] bool: rows that see more than one key (normalised entropy)
+    rows: tuple[torch.Tensor, torch.Tensor] | None  # [n] bool: rows with a duplicate / induction target
+
+    @classmethod
+    def build(cls, sep: torch.Tensor, punct: torch.Tensor, causal: bool,
+              ids: torch.Tensor | None = None) -> SignatureWeights:
+        """sep, punct: [n] bool masks of the example's tokens; ids: its token ids (detectors)."""
+        n, dev = sep.shape[0], sep.device
+        idx = torch.arange(n, device=dev, dtype=torch.float32)
+        first = torch.zeros(n, device=dev)
+        first[0] = 1.0
+        cols = [first[None, :], sep.float()[None, :], punct.float()[None, :], torch.ones(1, n, device=dev),
+                (idx[None, :] - idx[:, None]).abs()]
+        rows = None
+        if ids is not None:
+            dup, ind = repeat_masks(ids)
+            cols += [dup.float(), ind.float()]
+            rows = (dup.any(-1), ind.any(-1))
+        w = torch.stack([c.expand(n, n) for c in cols], dim=-1)
+        seen = torch.arange(1, n + 1, device=dev, dtype=torch.float32) if causal else torch.full((n,), float(n), device=dev)
+        return cls(w=w, log_seen=torch.log(seen), valid=seen > 1, rows=rows)
+
+
+def map_signature(a: torch.Tensor, sw: SignatureWeights) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[head, n, n] row-stochastic maps of one example -> (stats [head, len(STAT_NAMES)] float32,
+    detectors [head, len(DETECTOR_NAMES)] or None when ``sw`` was built without token ids).
+
+    Three passes over the maps: the batched matmul against ``sw.w`` (every linear statistic), the
+    entropy and the row maximum. Every statistic is a mean over the map's query rows."""
+    a = a.float()
+    h, n, _ = a.shape
+    # [n_i, head, n_j] @ [n_i, n_j, K] -> [n_i, head, K]: row i of every head against w[i]
+    lin = torch.bmm(a.transpose(0, 1), sw.w).transpose(0, 1)  # [head, n, K]
+    ent_rows = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)  # [head, n]
+    ent_norm = ((ent_rows[:, sw.valid] / sw.log_seen[sw.valid]).mean(-1) if bool(sw.valid.any())
+                else torch.zeros(h, device=a.device))
+    zeros = torch.zeros(h, device=a.device)
+
+    def diagonal(offset: int) -> torch.Tensor:
+        return a.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1) if abs(offset) < n else zeros
+
+    mean = lin.mean(1)  # [head, K]
+    stats = torch.stack([
+        ent_rows.mean(-1), ent_norm, mean[:, _COL["first"]], mean[:, _COL["sep"]], mean[:, _COL["punct"]],
+        diagonal(0), diagonal(-1), diagonal(1), mean[:, _COL["distance"]], a.amax(-1).mean(-1),
+    ], dim=-1)
+    if sw.rows is None:
+        return stats, None
+    det = []
+    for name, rows in zip(DETECTOR_NAMES, sw.rows):
+        if not bool(rows.any()):
+            det.append(torch.full((h,), float("nan"), device=a.device))
+            continue
+        col = _COL["dup" if name == "dup" else "induction"]
+        det.append(lin[:, :, col].sum(-1) / lin[:, rows, _COL["mass"]].sum(-1))
+    return stats, torch.stack(det, dim=-1)
+
+
 def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: bool) -> torch.Tensor:
     """Scalar signature of cropped maps.
 
     a: [head, n, n] row-stochastic maps of one example; sep, punct: [n] bool.
     Returns [head, len(STAT_NAMES)] float32.
     """
-    a = a.float()
-    h, n, _ = a.shape
-    logs = torch.log(a.clamp_min(1e-30))
-    ent_rows = -(a * logs).sum(-1)  # [h, n]
-    if causal:
-        seen = torch.arange(1, n + 1, device=a.device, dtype=torch.float32)
-    else:
-        seen = torch.full((n,), float(n), device=a.device)
-    valid = seen > 1
-    ent_norm = (ent_rows[:, valid] / torch.log(seen[valid])).mean(-1) if valid.any() else torch.zeros(h, device=a.device)
-    idx = torch.arange(n, device=a.device, dtype=torch.float32)
-    dist = (idx[None, :] - idx[:, None]).abs()  # [n, n]
-    prev = a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h, device=a.device)
-    nxt = a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h, device=a.device)
-    cols = [
-        ent_rows.mean(-1),
-        ent_norm,
-        a[:, :, 0].mean(-1),
-        a[:, :, sep].sum(-1).mean(-1),
-        a[:, :, punct].sum(-1).mean(-1),
-        a.diagonal(dim1=-2, dim2=-1).mean(-1),
-        prev,
-        nxt,
-        (a * dist).sum(-1).mean(-1),
-        a.amax(-1).mean(-1),
-    ]
-    return torch.stack(cols, dim=-1)
+    return map_signature(a, SignatureWeights.build(sep.to(a.device), punct.to(a.device), causal))[0]
 
 
-def detector_scores(a: torch.Tensor, ids: torch.Tensor | None = None,
-                    patterns: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """[head, n, n] maps and their token ids [n] (or their ``repeat_masks``, when the caller
-    reuses them across layers) -> [head, len(DETECTOR_NAMES)]."""
-    dup, ind = patterns if patterns is not None else repeat_masks(ids)
-    return torch.stack([detector_score(a, dup), detector_score(a, ind)], dim=-1)
+def detector_scores(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[head, n, n] maps and their token ids [n] -> [head, len(DETECTOR_NAMES)]
+    (``detector_score`` of the duplicate-token and induction patterns)."""
+    n = a.shape[-1]
+    none = torch.zeros(n, dtype=torch.bool, device=a.device)
+    return map_signature(a, SignatureWeights.build(none, none, False, ids.to(a.device)))[1]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -210,7 +259,8 @@ class LayerReducer:
         self.stats = torch.zeros(*shape, len(STAT_NAMES), device=device)
         self.profile = torch.zeros(*shape, len(PROFILE_OFFSETS), device=device)
         self.detectors = torch.zeros(*shape, len(DETECTOR_NAMES), device=device)
-        self._patterns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # example -> repeat_masks
+        #: example -> its SignatureWeights: the token masks are the same for every layer, build once
+        self._weights: dict[int, SignatureWeights] = {}
 
     def __call__(self, layer: int, weights: torch.Tensor) -> None:
         pos = self.layer_pos.get(layer)
@@ -223,10 +273,11 @@ class LayerReducer:
             w = weights.index_select(1, self.heads.to(weights.device))
         for b, n in enumerate(self.lengths):
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
-            self.stats[b, pos] = map_stats(crop, self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal)
-            if b not in self._patterns:  # the token ids are the same for every layer: build once
-                self._patterns[b] = repeat_masks(self.masks.ids[b, :n])
-            self.detectors[b, pos] = detector_scores(crop, patterns=self._patterns[b])
+            sw = self._weights.get(b)
+            if sw is None:
+                sw = self._weights[b] = SignatureWeights.build(
+                    self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal, self.masks.ids[b, :n])
+            self.stats[b, pos], self.detectors[b, pos] = map_signature(crop, sw)
             self.profile[b, pos] = offset_profile(crop)
             img = area_resize(crop, self.image_size)
             self.images[b, pos] = img

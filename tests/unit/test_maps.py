@@ -339,3 +339,49 @@ def test_bpe_multibyte_punctuation_tokens_are_punctuation():
         whole = [i for i in ids if tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)]) == mark]
         assert whole, f"the test tokenizer should have learned {mark} as one token"
         assert all(i in punct for i in whole), mark
+
+
+# --- the fused signature against the statistics' plain definitions ------------------------------
+
+
+def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Every statistic of STAT_NAMES written out as its definition, one elementwise pass each."""
+    h, n, _ = a.shape
+    ent_rows = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)
+    seen = torch.arange(1, n + 1).float() if causal else torch.full((n,), float(n))
+    valid = seen > 1
+    ent_norm = (ent_rows[:, valid] / torch.log(seen[valid])).mean(-1) if valid.any() else torch.zeros(h)
+    idx = torch.arange(n).float()
+    dist = (idx[None, :] - idx[:, None]).abs()
+    return torch.stack([
+        ent_rows.mean(-1), ent_norm, a[:, :, 0].mean(-1), a[:, :, sep].sum(-1).mean(-1),
+        a[:, :, punct].sum(-1).mean(-1), a.diagonal(dim1=-2, dim2=-1).mean(-1),
+        a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1), a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1),
+        (a * dist).sum(-1).mean(-1), a.amax(-1).mean(-1)], dim=-1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_signature_matches_the_plain_definitions_on_padded_crops(causal):
+    from rapids_attn.extract.maps import SignatureWeights, detector_score, map_signature, repeat_masks
+
+    g = torch.Generator().manual_seed(3)
+    T, n, h = 40, 29, 5
+    scores = torch.randn(h, T, T, generator=g) * 3
+    if causal:
+        scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    weights = torch.softmax(scores, -1)
+    weights[:, :, 7] = 0.0  # exact zeros: the entropy's 0 log 0
+    weights = weights / weights.sum(-1, keepdim=True)
+    crop = weights[:, :n, :n]  # a strided view, as the reducer passes it
+    ids = torch.randint(0, 6, (n,), generator=g)  # a small vocabulary: many repeats
+    sep, punct = ids == 2, ids == 4
+    sep[0] = False
+    stats, det = map_signature(crop, SignatureWeights.build(sep, punct, causal, ids))
+    torch.testing.assert_close(stats, plain_stats(crop.contiguous(), sep, punct, causal), rtol=1e-5, atol=1e-6)
+    dup, ind = repeat_masks(ids)
+    ref = torch.stack([detector_score(crop.contiguous(), dup), detector_score(crop.contiguous(), ind)], -1)
+    torch.testing.assert_close(det, ref, rtol=1e-5, atol=1e-6)
+    # without token ids the detectors are not computed; the stats are the same
+    alone, none = map_signature(crop, SignatureWeights.build(sep, punct, causal))
+    assert none is None
+    torch.testing.assert_close(alone, stats, rtol=1e-6, atol=1e-7)
