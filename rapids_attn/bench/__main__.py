@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,12 +57,14 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="minilm-l6")
     ap.add_argument("--fit-sizes", default="10000,100000,1000000")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="runs of the short cases (pipeline, bare forward); the median run is reported")
+                    help="rounds: each runs the short cases (pipeline, bare forward, pooled) over all the "
+                         "examples and the naive and matched cases over a 1/repeats share of them; the short "
+                         "cases report their median run, the naive and matched ones their sum")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every case")
     ap.add_argument("--out", default="bench.json")
     args = ap.parse_args(argv)
     if args.quick:
-        args.examples, args.naive_examples, args.fit_sizes, args.repeats = 8, 2, "2000", 1
+        args.examples, args.naive_examples, args.fit_sizes, args.repeats = 8, 2, "2000", 2
     if args.naive_examples is None:
         args.naive_examples = args.examples
     if not Path(args.data).is_file():
@@ -72,22 +75,38 @@ def main(argv=None) -> int:
     print(f"rapids_attn benchmark: {n} examples ({nn} for the naive baseline), device {args.device}", file=sys.stderr)
     R: dict = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                            "cpus": os.cpu_count()}, "args": vars(args)}
-    # the short cases (seconds of compute) are at the mercy of a noisy machine's passing load: run
-    # the pipeline and the bare forward alternately, args.repeats times, and keep each one's median
-    runs = [(run_case({**base, "case": "pipeline", "examples": n}), run_case({**base, "case": "bare", "examples": n}))
-            for _ in range(args.repeats)]
-    R["pipeline_runs"], R["bare_runs"] = [r[0] for r in runs], [r[1] for r in runs]
+    # The host is shared and its load drifts over minutes: every ratio compares cases run in the same
+    # rounds. Each round runs the defaults pipeline and the bare forward over all n examples, then the
+    # naive baseline and the matched runs over one segment (a round-robin share) of the nn examples, so
+    # a slow spell slows both sides of a ratio. Rates over the segments are total maps / total seconds.
+    rounds = max(1, min(args.repeats, nn))
+    segments = write_segments(args.data, nn, rounds, Path(tempfile.mkdtemp(prefix="bench-segments-")))
+    matched = {"case": "pipeline", "embed": args.backbone, "input_size": 224}
+    kinds = {"naive": {"case": "naive", "input_size": 224, "backbone": args.backbone},
+             "matched": {**matched, "precision": "float32"}}
+    if args.device == "cpu":
+        kinds["matched_int8"] = {**matched, "precision": "int8"}
+    for key in ("pipeline_runs", "bare_runs", "pooled_runs", *(k + "_runs" for k in kinds)):
+        R[key] = []
+    for path, count in segments:
+        R["pipeline_runs"].append(run_case({**base, "case": "pipeline", "examples": n}))
+        R["bare_runs"].append(run_case({**base, "case": "bare", "examples": n}))
+        R["pooled_runs"].append(run_case({**base, "case": "pipeline", "examples": n, "embed": "pooled"}))
+        for key, spec in kinds.items():
+            R[key + "_runs"].append(run_case({**base, **spec, "data": path, "examples": count}))
     R["pipeline"] = _median(R["pipeline_runs"], _map_rate)
     R["bare"] = _median(R["bare_runs"], lambda b: b["maps"] / b["seconds"])
+    R["pooled"] = _median(R["pooled_runs"], _map_rate)
+    R["naive"] = _sum_naive(R["naive_runs"])
+    for key in kinds:
+        if key != "naive":
+            R[key] = _sum_pipeline(R[key + "_runs"])
+    if "matched_int8" in R:
+        R["int8_fidelity"] = run_case({"case": "fidelity", "a": [c["run_dir"] for c in R["matched_runs"]],
+                                       "b": [c["run_dir"] for c in R["matched_int8_runs"]]})
     R["pipeline_4x"] = run_case({**base, "case": "pipeline", "examples": 4 * n})
-    R["naive"] = run_case({**base, "case": "naive", "examples": nn, "input_size": 224, "backbone": args.backbone})
-    matched = {**base, "case": "pipeline", "examples": nn, "embed": args.backbone, "input_size": 224}
-    R["matched"] = run_case({**matched, "precision": "float32"})
-    if args.device == "cpu":
-        R["matched_int8"] = run_case({**matched, "precision": "int8"})
-        R["int8_fidelity"] = run_case({"case": "fidelity", "a": R["matched"]["run_dir"], "b": R["matched_int8"]["run_dir"]})
-    R["defaults_small"] = R["pipeline"] if nn == n else run_case({**base, "case": "pipeline", "examples": nn})
-    R["pooled_small"] = run_case({**base, "case": "pipeline", "examples": nn, "embed": "pooled"})
+    R["defaults_small"] = (R["pipeline"] if nn == n
+                           else run_case({**base, "case": "pipeline", "examples": nn}))
     R["capture"] = [run_case({**base, "case": "capture", "examples": n, "mode": m, "batch": 32})
                     for m in ("hooks", "output_attentions")]
     R["workers"] = [run_case({**base, "case": "pipeline", "examples": n, "workers": w}) for w in (1, 2)]
@@ -98,6 +117,42 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(R, indent=1))
     print(report(R))
     return 0
+
+
+def write_segments(data: str, n: int, parts: int, out_dir: Path) -> list[tuple[str, int]]:
+    """The n examples every case samples (seed 0), dealt round-robin into ``parts`` SQuAD files
+    (so each holds a like mix of lengths); returns (path, count) for each."""
+    from rapids_attn.data import read_examples
+
+    ids = [e.id for e in read_examples(data, format="squad", sample=n, seed=0)]
+    root = json.loads(Path(data).read_text(encoding="utf-8-sig"))
+    out = []
+    for i in range(parts):
+        keep = set(ids[i::parts])
+        articles = []
+        for article in root["data"]:
+            paragraphs = [{**p, "qas": [q for q in p["qas"] if str(q["id"]) in keep]} for p in article["paragraphs"]]
+            paragraphs = [p for p in paragraphs if p["qas"]]
+            if paragraphs:
+                articles.append({**article, "paragraphs": paragraphs})
+        path = out_dir / f"segment-{i}.json"
+        path.write_text(json.dumps({"version": root.get("version", ""), "data": articles}))
+        out.append((str(path), len(keep)))
+    return out
+
+
+def _sum_naive(runs: list[dict]) -> dict:
+    """The naive runs over the segments as one run: seconds, maps and bytes added up."""
+    return {**runs[0], "examples": sum(r["examples"] for r in runs), "maps": sum(r["maps"] for r in runs),
+            "bytes": sum(r["bytes"] for r in runs),
+            "seconds": {k: sum(r["seconds"][k] for r in runs) for k in runs[0]["seconds"]}}
+
+
+def _sum_pipeline(runs: list[dict]) -> dict:
+    """Pipeline runs over the segments as one run (worker clocks, maps and store bytes added up)."""
+    return {**runs[0], "examples": sum(r["examples"] for r in runs), "maps": sum(r["maps"] for r in runs),
+            "worker_seconds": {k: sum(r["worker_seconds"][k] for r in runs) for k in runs[0]["worker_seconds"]},
+            "store_bytes": {k: sum(r["store_bytes"].get(k, 0) for r in runs) for k in runs[0]["store_bytes"]}}
 
 
 def _median(runs: list[dict], key) -> dict:
@@ -147,9 +202,11 @@ def report(R: dict) -> str:
     backbone = m["spec"]["embed"]
     for label, c in ((f"rapids_attn, matched ({backbone} @224, float32, batched)", m),
                      (f"rapids_attn, matched ({backbone} @224, int8: embed.precision int8)", mi),
-                     ("rapids_attn, defaults (pattern-cnn)", ds), ("rapids_attn, pooled 16x16 embedder", R.get("pooled_small"))):
+                     ("rapids_attn, defaults (pattern-cnn)", ds), ("rapids_attn, pooled 16x16 embedder", R.get("pooled"))):
         if c is None:
             continue
+        if c["examples"] != nv["examples"]:
+            label += f" ({c['examples']} examples)"
         rows.append([label, f"{_map_rate(c):,.1f}", f"{_map_rate(c) / naive_rate:,.1f}x",
                      f"{sum(c['store_bytes'].values()) / c['maps']:,.0f}",
                      f"{(nv['bytes'] / nv['maps']) / (sum(c['store_bytes'].values()) / c['maps']):,.0f}x"])
@@ -159,6 +216,20 @@ def report(R: dict) -> str:
                      f"{(nv['bytes'] / nv['maps']) / (sum(p['store_bytes'].values()) / p['maps']):,.0f}x"])
     out.append(f"### Against the naive pipeline (same {nv['examples']} examples, same model)\n")
     out.append(table(["pipeline", "maps/s", "speed-up", "bytes/map", "smaller by"], rows))
+    nr = R.get("naive_runs", [])
+    if len(nr) > 1:
+        out.append(f"\nEach of the {len(nr)} rounds ran the naive and matched cases over its own share of the examples "
+                   f"(the rates above add them up) and the defaults over all {p['examples']}; speed-ups within each round:\n")
+        head = ["round", "naive maps/s", "matched float32", "matched int8", "defaults"]
+        body = []
+        for i, c in enumerate(nr):
+            base_rate = c["maps"] / sum(c["seconds"].values())
+            cells = [str(i + 1), f"{base_rate:,.1f}"]
+            for key in ("matched_runs", "matched_int8_runs", "pipeline_runs"):
+                runs = R.get(key)
+                cells.append(f"{_map_rate(runs[i]) / base_rate:,.1f}x" if runs else "-")
+            body.append(cells)
+        out.append(table(head, body))
     nvs = nv["seconds"]
     out.append(f"\nNaive time split: forward {nvs['forward']:.1f} s, CNN {nvs['embed']:.1f} s, CSV {nvs['write']:.1f} s.")
     ms = m["worker_seconds"]

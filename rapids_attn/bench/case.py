@@ -278,28 +278,33 @@ def case_codec(spec: dict) -> dict:
 
 
 def case_fidelity(spec: dict) -> dict:
-    """How far int8 features are from float32 ones: two finished runs over the same examples (same
-    order), compared map by map, and their clusterings against each other. The noise floor is the
-    same features clustered again with another seed."""
+    """How far int8 features are from float32 ones: finished runs over the same examples (``a`` and
+    ``b``: lists of run folders, pairwise over the same segments), compared map by map, and clustered
+    alike (PCA to 32, KMeans k=8) to compare the clusterings. The noise floor is the float32
+    features clustered again with another KMeans seed."""
     import numpy as np
-    import pandas as pd
     import zarr
     from sklearn.cluster import KMeans
     from sklearn.decomposition import PCA
     from sklearn.metrics import adjusted_rand_score
 
-    runs = [Path(spec["a"]), Path(spec["b"])]
-    feats = [np.asarray(zarr.open_group(str(r / "store.zarr"), mode="r")["features"][:], dtype=np.float32) for r in runs]
-    a, b = (f.reshape(-1, f.shape[-1]) for f in feats)
+    def features(runs) -> np.ndarray:
+        out = [np.asarray(zarr.open_group(str(Path(r) / "store.zarr"), mode="r")["features"][:], dtype=np.float32)
+               for r in ([runs] if isinstance(runs, str) else runs)]
+        return np.concatenate([f.reshape(-1, f.shape[-1]) for f in out])
+
+    a, b = features(spec["a"]), features(spec["b"])
     cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
-    labels = [pd.read_parquet(r / "maps.parquet").sort_values(["example_index", "layer", "head"])["cluster"].to_numpy()
-              for r in runs]
-    k = int(labels[0].max()) + 1
-    z = PCA(32, random_state=0).fit_transform(a)
-    reseeded = KMeans(k, n_init=4, random_state=1).fit_predict(z)  # as the pipeline fits, another seed
+    k = spec.get("k", 8)
+
+    def clusters(x: np.ndarray, seed: int) -> np.ndarray:
+        z = PCA(32, random_state=0).fit_transform(x)
+        return KMeans(k, n_init=4, random_state=seed).fit_predict(z)
+
+    fp32 = clusters(a, 0)
     return {"maps": int(a.shape[0]), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
-            "cos_p01": float(np.quantile(cos, 0.01)), "ari_int8_vs_fp32": float(adjusted_rand_score(*labels)),
-            "ari_fp32_reseeded": float(adjusted_rand_score(labels[0], reseeded)), "k": k}
+            "cos_p01": float(np.quantile(cos, 0.01)), "ari_int8_vs_fp32": float(adjusted_rand_score(fp32, clusters(b, 0))),
+            "ari_fp32_reseeded": float(adjusted_rand_score(fp32, clusters(a, 1))), "k": k}
 
 
 CASES = {"pipeline": case_pipeline, "fidelity": case_fidelity, "bare": case_bare, "naive": case_naive, "capture": case_capture,

@@ -18,11 +18,15 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     R = json.loads(out.read_text())
     for key in ("pipeline", "pipeline_4x", "bare", "naive", "matched", "matched_int8", "int8_fidelity",
-                "defaults_small", "pooled_small", "capture", "workers", "fit", "codec"):
+                "defaults_small", "pooled", "capture", "workers", "fit", "codec"):
         assert key in R, key
     pipe, naive = R["pipeline"], R["naive"]
     assert pipe["maps"] == pipe["examples"] * 6 * 12  # MiniLM: every example x layer x head
     assert R["pipeline_4x"]["examples"] == 4 * pipe["examples"]
+    # --quick runs two rounds: the naive and matched cases ran once per segment, and add up
+    assert len(R["naive_runs"]) == len(R["matched_runs"]) == len(R["pipeline_runs"]) == 2
+    assert naive["maps"] == sum(c["maps"] for c in R["naive_runs"])
+    assert naive["seconds"]["embed"] == pytest.approx(sum(c["seconds"]["embed"] for c in R["naive_runs"]))
     # the naive baseline and the matched runs saw the same examples and made one map each per head
     assert naive["maps"] == R["matched"]["maps"] == R["matched_int8"]["maps"] == naive["examples"] * 72
     assert naive["dim"] == 2048  # ResNet-50's penultimate layer, as in the prior work
@@ -39,3 +43,18 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     for title in ("### Phases", "### Against the naive pipeline", "### Against the bare forward pass",
                   "### Memory", "### Scale", "### Store codec"):
         assert title in p.stdout, title
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+def test_segments_deal_the_sampled_examples_out_once_each(tmp_path):
+    from rapids_attn.bench.__main__ import write_segments
+    from rapids_attn.data import read_examples
+
+    sampled = read_examples(SHARED_SQUAD, format="squad", sample=7, seed=0)
+    segments = write_segments(str(SHARED_SQUAD), 7, 3, tmp_path)
+    parts = [read_examples(path, format="squad") for path, _ in segments]
+    assert [len(x) for x in parts] == [count for _, count in segments] == [3, 2, 2]
+    got = sorted(e.id for part in parts for e in part)
+    assert got == sorted(e.id for e in sampled)  # disjoint, and together the whole sample
+    by_id = {e.id: e for e in sampled}
+    assert all(e == by_id[e.id] for part in parts for e in part)  # question, context, title, label kept
