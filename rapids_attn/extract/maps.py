@@ -120,78 +120,99 @@ class TokenMasks:
         return cls(sep=sep, punct=punct, ids=input_ids)
 
 
-#: the linear statistics, one column each of ``SignatureWeights.w``: a map's row i times w[i, :, k]
-_LINEAR = ("first", "sep", "punct", "mass", "distance", "dup", "induction")
-_COL = {name: k for k, name in enumerate(_LINEAR)}
+#: statistics that weigh each key j the same in every row: the map times a [n, 4] matrix
+_KEY_COLS = ("first", "sep", "punct", "mass")
+_K = {name: k for k, name in enumerate(_KEY_COLS)}
+
+_DISTANCE: dict[str, torch.Tensor] = {}  # device -> |i - j| for the longest n seen there
+
+
+def _distance(n: int, device: torch.device) -> torch.Tensor:
+    """[n, n, 1] float32 |i - j|: a view of one matrix per device, grown when a longer map comes."""
+    d = _DISTANCE.get(str(device))
+    if d is None or d.shape[0] < n:
+        size = max(n, 2 * (0 if d is None else d.shape[0]))  # grow geometrically: few rebuilds
+        idx = torch.arange(size, device=device, dtype=torch.float32)
+        d = _DISTANCE[str(device)] = (idx[None, :] - idx[:, None]).abs().unsqueeze(-1)
+    return d[:n, :n]
 
 
 @dataclass
 class SignatureWeights:
     """What one example's maps are reduced against, built once and shared by every layer and head.
 
-    Most of the signature is linear in the map: mass on the first token, on separators, on
-    punctuation, the row's total mass, the mean distance, the detectors' hits. Each is row i of the
-    map dotted with a weight row w[i, :, k], so a single batched matmul over the rows computes all of
-    them in one pass over the map, instead of one elementwise pass (and a temporary) per statistic.
+    Most of the signature is linear in the map. The mass on the first token, on separators and on
+    punctuation, and each row's total mass, weigh key j alike in every row: one matmul with
+    ``key_cols`` gives them all. The distance weighs (i, j) by |i - j|: one batched matmul with a
+    shared distance matrix. The detectors' patterns are sparse: their hits are gathered at the
+    pattern's positions. So a map is read once per group, never once per statistic, and nothing
+    [n, n]-sized is kept per example.
     """
 
-    w: torch.Tensor         # [n, n, K] float32, K = len(_LINEAR), or 5 without token ids
-    log_seen: torch.Tensor  # [n] log(number of keys row i can see)
-    valid: torch.Tensor     # [n] bool: rows that see more than one key (normalised entropy)
-    rows: tuple[torch.Tensor, torch.Tensor] | None  # [n] bool: rows with a duplicate / induction target
+    key_cols: torch.Tensor  # [n, 4] float32 (_KEY_COLS)
+    log_seen: torch.Tensor  # [n - first_valid] log(number of keys row i can see), rows first_valid..n-1
+    #: the first row that sees more than one key (normalised entropy): 1 when causal, else 0; n when none
+    first_valid: int
+    #: per detector (DETECTOR_NAMES): (query rows, key columns) of the pattern's positions and the
+    #: rows that have a position (indices); None without token ids
+    patterns: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] | None
 
     @classmethod
     def build(cls, sep: torch.Tensor, punct: torch.Tensor, causal: bool,
               ids: torch.Tensor | None = None) -> SignatureWeights:
         """sep, punct: [n] bool masks of the example's tokens; ids: its token ids (detectors)."""
         n, dev = sep.shape[0], sep.device
-        idx = torch.arange(n, device=dev, dtype=torch.float32)
-        first = torch.zeros(n, device=dev)
-        first[0] = 1.0
-        cols = [first[None, :], sep.float()[None, :], punct.float()[None, :], torch.ones(1, n, device=dev),
-                (idx[None, :] - idx[:, None]).abs()]
-        rows = None
+        key_cols = torch.zeros(n, len(_KEY_COLS), device=dev, dtype=torch.float32)
+        key_cols[0, _K["first"]] = 1.0
+        key_cols[:, _K["sep"]] = sep.float()
+        key_cols[:, _K["punct"]] = punct.float()
+        key_cols[:, _K["mass"]] = 1.0
+        patterns = None
         if ids is not None:
-            dup, ind = repeat_masks(ids)
-            cols += [dup.float(), ind.float()]
-            rows = (dup.any(-1), ind.any(-1))
-        w = torch.stack([c.expand(n, n) for c in cols], dim=-1)
-        seen = torch.arange(1, n + 1, device=dev, dtype=torch.float32) if causal else torch.full((n,), float(n), device=dev)
-        return cls(w=w, log_seen=torch.log(seen), valid=seen > 1, rows=rows)
+            patterns = tuple((*pattern.nonzero(as_tuple=True), pattern.any(-1).nonzero()[:, 0])
+                             for pattern in repeat_masks(ids))
+        first_valid = (1 if causal else 0) if n > 1 else n
+        seen = (torch.arange(first_valid + 1, n + 1, device=dev, dtype=torch.float32) if causal
+                else torch.full((n - first_valid,), float(n), device=dev, dtype=torch.float32))
+        return cls(key_cols=key_cols, log_seen=torch.log(seen), first_valid=first_valid, patterns=patterns)
 
 
-def map_signature(a: torch.Tensor, sw: SignatureWeights) -> tuple[torch.Tensor, torch.Tensor | None]:
+def map_signature(a: torch.Tensor, sw: SignatureWeights,
+                  keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[head, n, n] row-stochastic maps of one example -> (stats [head, len(STAT_NAMES)] float32,
     detectors [head, len(DETECTOR_NAMES)] or None when ``sw`` was built without token ids).
 
-    Three passes over the maps: the batched matmul against ``sw.w`` (every linear statistic), the
-    entropy and the row maximum. Every statistic is a mean over the map's query rows."""
+    ``keys``: ``a @ sw.key_cols`` when the caller has it already (the reducer gets it from the same
+    matmul as the image's resize).
+
+    Every statistic is a mean over the map's query rows. The matmuls run in float32; with TF32
+    matmuls enabled on a GPU (PyTorch's default is off) the linear stats would lose digits."""
     a = a.float()
     h, n, _ = a.shape
-    # [n_i, head, n_j] @ [n_i, n_j, K] -> [n_i, head, K]: row i of every head against w[i]
-    lin = torch.bmm(a.transpose(0, 1), sw.w).transpose(0, 1)  # [head, n, K]
+    if keys is None:
+        keys = torch.matmul(a, sw.key_cols)  # [head, n, 4]
+    # [n_i, head, n_j] @ [n_i, n_j, 1]: row i of every head against |i - j|
+    distance = torch.bmm(a.transpose(0, 1), _distance(n, a.device)).mean(0).squeeze(-1)  # [head]
     ent_rows = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)  # [head, n]
-    ent_norm = ((ent_rows[:, sw.valid] / sw.log_seen[sw.valid]).mean(-1) if bool(sw.valid.any())
-                else torch.zeros(h, device=a.device))
-    zeros = torch.zeros(h, device=a.device)
+    zeros = torch.zeros(h, device=a.device, dtype=torch.float32)
+    ent_norm = (ent_rows[:, sw.first_valid:] / sw.log_seen).mean(-1) if sw.first_valid < n else zeros
 
     def diagonal(offset: int) -> torch.Tensor:
         return a.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1) if abs(offset) < n else zeros
 
-    mean = lin.mean(1)  # [head, K]
+    mean = keys.mean(1)  # [head, 4]
     stats = torch.stack([
-        ent_rows.mean(-1), ent_norm, mean[:, _COL["first"]], mean[:, _COL["sep"]], mean[:, _COL["punct"]],
-        diagonal(0), diagonal(-1), diagonal(1), mean[:, _COL["distance"]], a.amax(-1).mean(-1),
+        ent_rows.mean(-1), ent_norm, mean[:, _K["first"]], mean[:, _K["sep"]], mean[:, _K["punct"]],
+        diagonal(0), diagonal(-1), diagonal(1), distance, a.amax(-1).mean(-1),
     ], dim=-1)
-    if sw.rows is None:
+    if sw.patterns is None:
         return stats, None
     det = []
-    for name, rows in zip(DETECTOR_NAMES, sw.rows):
-        if not bool(rows.any()):
-            det.append(torch.full((h,), float("nan"), device=a.device))
-            continue
-        col = _COL["dup" if name == "dup" else "induction"]
-        det.append(lin[:, :, col].sum(-1) / lin[:, rows, _COL["mass"]].sum(-1))
+    for qi, kj, rows in sw.patterns:
+        if qi.numel() == 0:  # no row has a target: undefined
+            det.append(torch.full((h,), float("nan"), device=a.device, dtype=torch.float32))
+        else:  # mass on the pattern / mass of the rows that have a position in it
+            det.append(a[:, qi, kj].sum(-1) / keys[:, rows, _K["mass"]].sum(-1))
     return stats, torch.stack(det, dim=-1)
 
 
@@ -259,8 +280,9 @@ class LayerReducer:
         self.stats = torch.zeros(*shape, len(STAT_NAMES), device=device)
         self.profile = torch.zeros(*shape, len(PROFILE_OFFSETS), device=device)
         self.detectors = torch.zeros(*shape, len(DETECTOR_NAMES), device=device)
-        #: example -> its SignatureWeights: the token masks are the same for every layer, build once
-        self._weights: dict[int, SignatureWeights] = {}
+        #: example -> its SignatureWeights and [n, S + 4] right-hand side (the resize's R.T beside
+        #: the signature's key columns): the same for every layer, built once
+        self._weights: dict[int, tuple[SignatureWeights, torch.Tensor]] = {}
 
     def __call__(self, layer: int, weights: torch.Tensor) -> None:
         pos = self.layer_pos.get(layer)
@@ -273,13 +295,20 @@ class LayerReducer:
             w = weights.index_select(1, self.heads.to(weights.device))
         for b, n in enumerate(self.lengths):
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
-            sw = self._weights.get(b)
-            if sw is None:
-                sw = self._weights[b] = SignatureWeights.build(
-                    self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal, self.masks.ids[b, :n])
-            self.stats[b, pos], self.detectors[b, pos] = map_signature(crop, sw)
+            cached = self._weights.get(b)
+            if cached is None:
+                sw = SignatureWeights.build(self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal,
+                                            self.masks.ids[b, :n])
+                r = _area_weights(n, self.image_size, str(crop.device))
+                cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols], dim=1))
+            sw, right = cached
+            # one pass over the maps for the resize's first product and the signature's key columns
+            both = crop @ right  # [head, n, S + 4]
+            s = self.image_size
+            self.stats[b, pos], self.detectors[b, pos] = map_signature(crop, sw, keys=both[..., s:])
             self.profile[b, pos] = offset_profile(crop)
-            img = area_resize(crop, self.image_size)
+            # area_resize(crop) = R @ crop @ R.T, with crop @ R.T taken from ``both``
+            img = _area_weights(n, s, str(crop.device)) @ both[..., :s]
             self.images[b, pos] = img
             if self.thumbs is not None:
                 self.thumbs[b, pos] = area_resize(img, self.thumb_size)

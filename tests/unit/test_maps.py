@@ -224,25 +224,34 @@ def test_area_resize_keeps_leading_dims():
 
 
 def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
+    from rapids_attn.extract.maps import detector_score, repeat_masks
+
     lengths = [3, 5]
-    ids = torch.tensor([[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]])
+    ids = torch.tensor([[1, 2, 1, 0, 0], [1, 2, 3, 1, 2]])
     masks = TokenMasks.from_ids(ids, torch.tensor([3]), torch.tensor([2]))
-    red = LayerReducer(lengths, masks, layers=[1], heads=[2, 0], image_size=4, thumb_size=2,
+    red = LayerReducer(lengths, masks, layers=[1, 2], heads=[2, 0], image_size=4, thumb_size=2,
                        causal=False, device="cpu")
-    w = torch.rand(2, 3, 5, 5)
-    w[0, :, :, 3:] = 1e3  # garbage in the padding of example 0: must never be read
-    w[0, :, 3:, :] = 1e3
-    red(0, torch.full_like(w, float("nan")))  # layer 0 is not kept: ignored
-    red(1, w)
+    g = torch.Generator().manual_seed(0)
+    ws = {layer: torch.softmax(torch.randn(2, 3, 5, 5, generator=g), -1) for layer in (1, 2)}
+    for w in ws.values():
+        w[0, :, :, 3:] = 1e3  # garbage in the padding of example 0: must never be read
+        w[0, :, 3:, :] = 1e3
+    red(0, torch.full_like(ws[1], float("nan")))  # layer 0 is not kept: ignored
+    red(1, ws[1])
+    red(2, ws[2])  # the second kept layer reuses each example's cached weights
     assert torch.isfinite(red.images).all() and torch.isfinite(red.stats).all()
-    for b, n in enumerate(lengths):
-        for k, h in enumerate([2, 0]):
-            crop = w[b, h, :n, :n]
-            assert torch.allclose(red.images[b, 0, k], area_resize(crop, 4))
-            assert torch.allclose(red.thumbs[b, 0, k], area_resize(area_resize(crop, 4), 2))
-            ref = map_stats(crop[None], masks.sep[b, :n], masks.punct[b, :n], False)[0]
-            assert torch.allclose(red.stats[b, 0, k], ref)
-    assert red.images.shape == (2, 1, 2, 4, 4) and red.stats.shape == (2, 1, 2, len(STAT_NAMES))
+    for pos, layer in enumerate((1, 2)):
+        for b, n in enumerate(lengths):
+            dup, ind = repeat_masks(ids[b, :n])
+            for k, h in enumerate([2, 0]):
+                crop = ws[layer][b, h, :n, :n]
+                assert torch.allclose(red.images[b, pos, k], area_resize(crop, 4))
+                assert torch.allclose(red.thumbs[b, pos, k], area_resize(area_resize(crop, 4), 2))
+                ref = plain_stats(crop[None].contiguous(), masks.sep[b, :n], masks.punct[b, :n], False)[0]
+                torch.testing.assert_close(red.stats[b, pos, k], ref, rtol=1e-5, atol=1e-6)
+                det = torch.stack([detector_score(crop[None], dup)[0], detector_score(crop[None], ind)[0]])
+                torch.testing.assert_close(red.detectors[b, pos, k], det, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert red.images.shape == (2, 2, 2, 4, 4) and red.stats.shape == (2, 2, 2, len(STAT_NAMES))
 
 
 def test_layer_reducer_without_thumbnails():
@@ -356,7 +365,8 @@ def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal:
     return torch.stack([
         ent_rows.mean(-1), ent_norm, a[:, :, 0].mean(-1), a[:, :, sep].sum(-1).mean(-1),
         a[:, :, punct].sum(-1).mean(-1), a.diagonal(dim1=-2, dim2=-1).mean(-1),
-        a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1), a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1),
+        a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),  # no previous token
+        a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),
         (a * dist).sum(-1).mean(-1), a.amax(-1).mean(-1)], dim=-1)
 
 
@@ -385,3 +395,24 @@ def test_signature_matches_the_plain_definitions_on_padded_crops(causal):
     alone, none = map_signature(crop, SignatureWeights.build(sep, punct, causal))
     assert none is None
     torch.testing.assert_close(alone, stats, rtol=1e-6, atol=1e-7)
+    # half-precision maps (a model run in float16) are reduced in float32
+    half, _ = map_signature(crop.half(), SignatureWeights.build(sep, punct, causal, ids))
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, plain_stats(crop.half().float(), sep, punct, causal), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_signature_of_the_shortest_maps(n, causal):
+    from rapids_attn.extract.maps import SignatureWeights, detector_score, map_signature, repeat_masks
+
+    a = torch.tril(torch.ones(n, n)) if causal else torch.ones(n, n)
+    a = (a / a.sum(-1, keepdim=True))[None]
+    ids = torch.full((n,), 5)  # every token repeats the one before
+    none = torch.zeros(n, dtype=torch.bool)
+    stats, det = map_signature(a, SignatureWeights.build(none, none, causal, ids))
+    torch.testing.assert_close(stats, plain_stats(a, none, none, causal), rtol=1e-5, atol=1e-6)
+    dup, ind = repeat_masks(ids)
+    ref = torch.stack([detector_score(a, dup), detector_score(a, ind)], -1)
+    torch.testing.assert_close(det, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch.isnan(det).all() == (n == 1)
