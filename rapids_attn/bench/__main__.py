@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,8 +80,8 @@ def main(argv=None) -> int:
     # rounds. Each round runs the defaults pipeline and the bare forward over all n examples, then the
     # naive baseline and the matched runs over one segment (a round-robin share) of the nn examples, so
     # a slow spell slows both sides of a ratio. Rates over the segments are total maps / total seconds.
-    rounds = max(1, min(args.repeats, nn))
-    segments = write_segments(args.data, nn, rounds, Path(tempfile.mkdtemp(prefix="bench-segments-")))
+    seg_dir = Path(tempfile.mkdtemp(prefix="bench-segments-"))
+    segments = write_segments(args.data, nn, max(1, min(args.repeats, nn)), seg_dir)
     matched = {"case": "pipeline", "embed": args.backbone, "input_size": 224}
     kinds = {"naive": {"case": "naive", "input_size": 224, "backbone": args.backbone},
              "matched": {**matched, "precision": "float32"}}
@@ -88,12 +89,14 @@ def main(argv=None) -> int:
         kinds["matched_int8"] = {**matched, "precision": "int8"}
     for key in ("pipeline_runs", "bare_runs", "pooled_runs", *(k + "_runs" for k in kinds)):
         R[key] = []
-    for path, count in segments:
+    for i in range(max(1, args.repeats)):
         R["pipeline_runs"].append(run_case({**base, "case": "pipeline", "examples": n}))
         R["bare_runs"].append(run_case({**base, "case": "bare", "examples": n}))
         R["pooled_runs"].append(run_case({**base, "case": "pipeline", "examples": n, "embed": "pooled"}))
-        for key, spec in kinds.items():
-            R[key + "_runs"].append(run_case({**base, **spec, "data": path, "examples": count}))
+        if i < len(segments):  # (fewer examples than rounds: fewer segments)
+            path, count = segments[i]
+            for key, spec in kinds.items():
+                R[key + "_runs"].append(run_case({**base, **spec, "data": path, "examples": count}))
     R["pipeline"] = _median(R["pipeline_runs"], _map_rate)
     R["bare"] = _median(R["bare_runs"], lambda b: b["maps"] / b["seconds"])
     R["pooled"] = _median(R["pooled_runs"], _map_rate)
@@ -114,6 +117,7 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         R["fit_gpu"] = [run_case({"case": "fit", "n": int(s), "backend": "gpu"}) for s in args.fit_sizes.split(",")]
     R["codec"] = run_case({"case": "codec", "store": str(Path(R["pipeline"]["run_dir"]) / "store.zarr")})
+    shutil.rmtree(seg_dir, ignore_errors=True)
     Path(args.out).write_text(json.dumps(R, indent=1))
     print(report(R))
     return 0
@@ -141,18 +145,25 @@ def write_segments(data: str, n: int, parts: int, out_dir: Path) -> list[tuple[s
     return out
 
 
+def _sum_runs(runs: list[dict], sums: tuple[str, ...], clocks: tuple[str, ...]) -> dict:
+    """Runs over the segments as one run over all of them: counts and clocks (dicts of seconds or
+    bytes) added up, the peak memory the largest, each segment's spec and run folder listed."""
+    out = {"spec": {**runs[0]["spec"], "data": [r["spec"]["data"] for r in runs]},
+           "segments": len(runs), "peak_rss": max(r["peak_rss"] for r in runs)}
+    out.update({k: runs[0][k] for k in ("dim", "devices", "learn_backend") if k in runs[0]})
+    out.update({k: sum(r[k] for r in runs) for k in sums})
+    out.update({k: {key: sum(r[k].get(key, 0) for r in runs) for key in runs[0][k]} for k in clocks})
+    if "run_dir" in runs[0]:
+        out["run_dirs"] = [r["run_dir"] for r in runs]
+    return out
+
+
 def _sum_naive(runs: list[dict]) -> dict:
-    """The naive runs over the segments as one run: seconds, maps and bytes added up."""
-    return {**runs[0], "examples": sum(r["examples"] for r in runs), "maps": sum(r["maps"] for r in runs),
-            "bytes": sum(r["bytes"] for r in runs),
-            "seconds": {k: sum(r["seconds"][k] for r in runs) for k in runs[0]["seconds"]}}
+    return _sum_runs(runs, ("examples", "maps", "bytes"), ("seconds",))
 
 
 def _sum_pipeline(runs: list[dict]) -> dict:
-    """Pipeline runs over the segments as one run (worker clocks, maps and store bytes added up)."""
-    return {**runs[0], "examples": sum(r["examples"] for r in runs), "maps": sum(r["maps"] for r in runs),
-            "worker_seconds": {k: sum(r["worker_seconds"][k] for r in runs) for k in runs[0]["worker_seconds"]},
-            "store_bytes": {k: sum(r["store_bytes"].get(k, 0) for r in runs) for k in runs[0]["store_bytes"]}}
+    return _sum_runs(runs, ("examples", "maps", "tokens", "wall"), ("worker_seconds", "store_bytes"))
 
 
 def _median(runs: list[dict], key) -> dict:
@@ -206,7 +217,7 @@ def report(R: dict) -> str:
         if c is None:
             continue
         if c["examples"] != nv["examples"]:
-            label += f" ({c['examples']} examples)"
+            label += f" ({c['examples']} examples, not the same ones)"
         rows.append([label, f"{_map_rate(c):,.1f}", f"{_map_rate(c) / naive_rate:,.1f}x",
                      f"{sum(c['store_bytes'].values()) / c['maps']:,.0f}",
                      f"{(nv['bytes'] / nv['maps']) / (sum(c['store_bytes'].values()) / c['maps']):,.0f}x"])
@@ -219,7 +230,8 @@ def report(R: dict) -> str:
     nr = R.get("naive_runs", [])
     if len(nr) > 1:
         out.append(f"\nEach of the {len(nr)} rounds ran the naive and matched cases over its own share of the examples "
-                   f"(the rates above add them up) and the defaults over all {p['examples']}; speed-ups within each round:\n")
+                   f"(the rates above add them up; each share's run has its own cold first batch) and the defaults "
+                   f"over all {p['examples']}; speed-ups within each round:\n")
         head = ["round", "naive maps/s", "matched float32", "matched int8", "defaults"]
         body = []
         for i, c in enumerate(nr):
