@@ -313,8 +313,7 @@ def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str
     for i, name in enumerate(names):
         ax = fig.add_subplot(1, n, i + 1)
         v = np.asarray(scores[name], dtype=np.float64)
-        cmap = matplotlib.colormaps["viridis"].copy()
-        cmap.set_bad("#cccccc")
+        cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#cccccc")  # NaN: undefined for that head
         im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
         _grid_axes(ax, list(layers), list(heads))
         ax.set_title(f"{name} detector", fontsize=10)
