@@ -288,9 +288,9 @@ def case_fidelity(spec: dict) -> dict:
     from sklearn.decomposition import PCA
     from sklearn.metrics import adjusted_rand_score
 
-    def features(runs) -> np.ndarray:
+    def features(runs: list[str]) -> np.ndarray:
         out = [np.asarray(zarr.open_group(str(Path(r) / "store.zarr"), mode="r")["features"][:], dtype=np.float32)
-               for r in ([runs] if isinstance(runs, str) else runs)]
+               for r in runs]
         return np.concatenate([f.reshape(-1, f.shape[-1]) for f in out])
 
     a, b = features(spec["a"]), features(spec["b"])

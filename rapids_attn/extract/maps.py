@@ -293,22 +293,22 @@ class LayerReducer:
             w = weights[:, :self.head_prefix]
         else:
             w = weights.index_select(1, self.heads.to(weights.device))
+        s = self.image_size
         for b, n in enumerate(self.lengths):
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
             cached = self._weights.get(b)
             if cached is None:
                 sw = SignatureWeights.build(self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal,
                                             self.masks.ids[b, :n])
-                r = _area_weights(n, self.image_size, str(crop.device))
+                r = _area_weights(n, s, str(crop.device))
                 cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols], dim=1))
             sw, right = cached
             # one pass over the maps for the resize's first product and the signature's key columns
             both = crop @ right  # [head, n, S + 4]
-            s = self.image_size
             self.stats[b, pos], self.detectors[b, pos] = map_signature(crop, sw, keys=both[..., s:])
             self.profile[b, pos] = offset_profile(crop)
-            # area_resize(crop) = R @ crop @ R.T, with crop @ R.T taken from ``both``
-            img = _area_weights(n, s, str(crop.device)) @ both[..., :s]
+            # area_resize(crop) = R @ crop @ R.T, with R.T and crop @ R.T the first S columns
+            img = right[:, :s].T @ both[..., :s]
             self.images[b, pos] = img
             if self.thumbs is not None:
                 self.thumbs[b, pos] = area_resize(img, self.thumb_size)
