@@ -1,7 +1,8 @@
 """The job file: a pydantic v2 tree, one model per section, unknown keys rejected.
 
 ``load_job(path, overrides)`` reads YAML with ``yaml.safe_load``, merges the presets named in
-``extends`` (files under ``configs/``), applies ``--set a.b=value`` overrides, and validates. Every
+``extends`` (a ``configs/`` folder beside the job file, then the built-in ``rapids_attn/presets``),
+applies ``--set a.b=value`` overrides, and validates. Every
 error becomes one :class:`JobConfigError` line that names the field and says how to fix it; an
 unknown key suggests the closest valid name. Checks that need the filesystem or the model (paths
 exist, the model config loads, the backend is available) live in :mod:`rapids_attn.preflight`.
@@ -13,17 +14,26 @@ import copy
 import difflib
 import hashlib
 import json
+from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rapids_attn.errors import JobConfigError
 
-#: Where presets live: ``configs/`` beside the job file (or its parents), then the project's own.
-PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-PACKAGE_CONFIGS = Path(__file__).resolve().parent / "configs"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+#: The folder a job may keep its own presets in, beside the job file or in one of its parents.
+LOCAL_PRESETS = "configs"
+
+
+def builtin_presets() -> Traversable:
+    """The presets shipped in the package (``rapids_attn/presets``), read through importlib.resources
+    so that an installed wheel finds them exactly as the checkout does."""
+    return resources.files("rapids_attn") / "presets"
 
 
 class Section(BaseModel):
@@ -262,7 +272,7 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
-def _read_yaml(path: Path, what: str) -> dict:
+def _read_yaml(path: Path | Traversable, what: str) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -280,31 +290,72 @@ def _read_yaml(path: Path, what: str) -> dict:
     return raw
 
 
-def preset_dirs(job_path: Path | None) -> list[Path]:
-    dirs = []
+def preset_dirs(job_path: Path | None) -> list[Traversable]:
+    """Where ``extends`` names are looked up, in order: the nearest ``configs/`` folder beside the job
+    file or in one of its parents (a project's own presets, which win), then the built-in presets."""
+    dirs: list[Traversable] = []
     if job_path is not None:
         for parent in [job_path.resolve().parent, *job_path.resolve().parents]:
-            if (parent / "configs").is_dir():
-                dirs.append(parent / "configs")
+            if (parent / LOCAL_PRESETS).is_dir():
+                dirs.append(parent / LOCAL_PRESETS)
                 break
-    for d in (PROJECT_CONFIGS, PACKAGE_CONFIGS):
-        if d.is_dir() and d not in dirs:
-            dirs.append(d)
+    dirs.append(builtin_presets())
     return dirs
 
 
-def _resolve_preset(name: str, dirs: list[Path]) -> Path:
+def _preset_file(root: Traversable, name: str) -> Traversable:
+    """``models/minilm-l6`` -> ``root/models/minilm-l6.yaml``, one part at a time (a Traversable
+    joins one name per step)."""
+    node = root
+    *folders, last = name.split("/")
+    for part in folders:
+        node = node / part
+    return node / f"{last}.yaml"
+
+
+def _preset_names(root: Traversable, prefix: str = "") -> list[str]:
+    """Every preset name under ``root`` (``folder/name`` without ``.yaml``), for the "did you mean"."""
+    names = []
+    for child in root.iterdir():
+        if child.is_dir():
+            names += _preset_names(child, f"{prefix}{child.name}/")
+        elif child.name.endswith(".yaml"):
+            names.append(prefix + child.name[: -len(".yaml")])
+    return names
+
+
+def _resolve_preset(name: str, dirs: list[Traversable]) -> Traversable:
+    if not isinstance(name, str) or not name or any(p in ("", ".", "..") for p in name.split("/")):
+        raise JobConfigError(f"extends: {name!r} is not a preset name; use folder/name, e.g. models/minilm-l6")
     for d in dirs:
-        p = d / f"{name}.yaml"
+        p = _preset_file(d, name)
         if p.is_file():
             return p
-    known = sorted(str(p.relative_to(d))[:-5] for d in dirs for p in d.rglob("*.yaml"))
+    known = sorted({n for d in dirs if d.is_dir() for n in _preset_names(d)})
     near = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean '{near[0]}'?" if near else f"known presets: {', '.join(known) or 'none'}"
     raise JobConfigError(f"extends: no preset '{name}' under {', '.join(map(str, dirs))}; {hint}")
 
 
-def _expand_extends(raw: dict, dirs: list[Path], seen: tuple[str, ...] = ()) -> dict:
+def _anchor_data_path(preset: dict, path: Traversable, name: str) -> None:
+    """Make a preset's relative ``data.path`` absolute against the preset's own folder.
+
+    A preset that names data ships with it (``data/quickstart`` points into the package), so its
+    path must not depend on where the job that extends it lives or where it is run from. A job's own
+    relative ``data.path`` is still resolved against the job file, in :func:`load_job`."""
+    data = preset.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("path"), str):
+        return
+    p = Path(data["path"]).expanduser()
+    if p.is_absolute():
+        return
+    if not isinstance(path, Path):  # e.g. a package imported from a zip file: no folder on disk
+        raise JobConfigError(f"extends: preset '{name}': data.path {data['path']} is relative to the preset, "
+                             f"but the preset is not a file on disk ({path}); give an absolute data.path")
+    data["path"] = str((path.parent / p).resolve())
+
+
+def _expand_extends(raw: dict, dirs: list[Traversable], seen: tuple[str, ...] = ()) -> dict:
     extends = raw.get("extends", []) or []
     if isinstance(extends, str):
         extends = [extends]
@@ -314,7 +365,9 @@ def _expand_extends(raw: dict, dirs: list[Path], seen: tuple[str, ...] = ()) -> 
     for name in extends:
         if name in seen:
             raise JobConfigError(f"extends: preset '{name}' extends itself through {' -> '.join(seen)}")
-        preset = _read_yaml(_resolve_preset(name, dirs), f"extends: preset '{name}'")
+        path = _resolve_preset(name, dirs)
+        preset = _read_yaml(path, f"extends: preset '{name}'")
+        _anchor_data_path(preset, path, name)
         merged = _deep_merge(merged, _expand_extends(preset, dirs, (*seen, name)))
     body = {k: v for k, v in raw.items() if k != "extends"}
     out = _deep_merge(merged, body)
@@ -396,7 +449,8 @@ def load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (
     for text in overrides:
         parts, value = parse_override(text)
         _apply_override(raw, parts, value, text)
-    # relative data paths are relative to the job file, so jobs can be run from anywhere
+    # a relative data path the job gives (a preset's was anchored to the preset in _expand_extends) is
+    # relative to the job file, so jobs can be run from anywhere
     data = raw.get("data")
     if job_path is not None and isinstance(data, dict) and isinstance(data.get("path"), str):
         p = Path(data["path"]).expanduser()

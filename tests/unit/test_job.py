@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from rapids_attn.errors import JobConfigError
-from rapids_attn.job import JobConfig, load_job, parse_override
+from rapids_attn.job import JobConfig, builtin_presets, load_job, parse_override, preset_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,13 +101,63 @@ def test_unknown_preset_suggests_nearest(tmp_path):
         load_job(minimal(tmp_path, "extends: [clusters/kmean]\n"))
 
 
-def test_project_presets_all_validate(tmp_path):
-    presets = sorted((REPO / "configs").rglob("*.yaml"))
-    assert len(presets) >= 8
+def test_builtin_presets_all_validate(tmp_path):
+    root = REPO / "rapids_attn" / "presets"
+    assert Path(str(builtin_presets())) == root  # the checkout reads the same files a wheel ships
+    presets = sorted(root.rglob("*.yaml"))
+    assert len(presets) >= 12
     for p in presets:
-        name = str(p.relative_to(REPO / "configs"))[:-5]
-        cfg = load_job(minimal(tmp_path, f"extends: [{name}]\n"))
+        name = str(p.relative_to(root))[:-5]
+        cfg = load_job(minimal(tmp_path, f"extends: [{name}]\n"))  # no configs/ beside this job
         assert name in cfg.extends
+
+
+def test_local_preset_wins_over_builtin_and_is_found_in_a_parent_folder(tmp_path):
+    write(tmp_path / "d.txt", "x\n")
+    (tmp_path / "configs" / "clusters").mkdir(parents=True)
+    write(tmp_path / "configs" / "clusters" / "kmeans.yaml", "cluster:\n  n_clusters: 3\n")
+    (tmp_path / "jobs").mkdir()
+    job = write(tmp_path / "jobs" / "job.yaml", "extends: [clusters/kmeans, models/minilm-l6]\ndata:\n  path: ../d.txt\n")
+    cfg = load_job(job)
+    assert cfg.cluster.n_clusters == 3  # configs/ of the parent folder, before the built-in clusters/kmeans
+    assert cfg.model.name == "minilm-l6"  # not in the local folder: the built-in preset
+    assert preset_dirs(job)[0] == tmp_path / "configs"
+
+
+def test_preset_name_must_not_climb_out_of_the_presets(tmp_path):
+    with pytest.raises(JobConfigError, match=r"extends: '\.\./models/gpt2' is not a preset name"):
+        load_job(minimal(tmp_path, "extends: [../models/gpt2]\n"))
+
+
+def test_quickstart_preset_data_ships_in_the_package(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_job(write(tmp_path / "job.yaml", "extends: [data/quickstart, models/minilm-l6]\n"))
+    assert cfg.data.path == (REPO / "rapids_attn" / "data" / "quickstart.json").resolve()
+    assert cfg.data.path.is_file() and cfg.data.format == "squad"
+
+
+def test_preset_data_path_is_relative_to_the_preset_not_the_job_or_cwd(tmp_path, monkeypatch):
+    (tmp_path / "files").mkdir()
+    write(tmp_path / "files" / "d.txt", "a\n")
+    write(tmp_path / "d.txt", "decoy beside the job and in the working directory\n")
+    (tmp_path / "configs" / "data").mkdir(parents=True)
+    write(tmp_path / "configs" / "data" / "mine.yaml", "data:\n  path: ../../files/d.txt\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_job(write(tmp_path / "job.yaml", "extends: [data/mine, models/minilm-l6]\n"))
+    assert cfg.data.path == (tmp_path / "files" / "d.txt").resolve()
+    # the job's own relative data.path still wins, relative to the job file
+    (tmp_path / "sub").mkdir()
+    cfg = load_job(write(tmp_path / "sub" / "job.yaml", "extends: [data/mine, models/minilm-l6]\ndata:\n  path: ../d.txt\n"))
+    assert cfg.data.path == (tmp_path / "d.txt").resolve()
+
+
+def test_quickstart_job_is_the_same_job_wherever_its_file_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    here = load_job(REPO / "jobs" / "quickstart.yaml")
+    copy = load_job(write(tmp_path / "quickstart.yaml", (REPO / "jobs" / "quickstart.yaml").read_text()))
+    assert here.data.path == (REPO / "rapids_attn" / "data" / "quickstart.json").resolve()
+    assert here.to_dict() == copy.to_dict()
+    assert here.extraction_key() == copy.extraction_key()
 
 
 def test_data_path_relative_to_job_file(tmp_path):
