@@ -1,5 +1,5 @@
 """One benchmark case, run in a fresh process so its peak memory is its own:
-``python -m rapids_attn.bench.case '<json spec>'`` prints one JSON line with the result.
+``python -m benchmarks.case '<json spec>'`` (from the repository root) prints one JSON line with the result.
 
 Peak memory is the sum, over this process and all its descendants (the Dask workers included), of
 each one's high-water RSS (Linux ``VmHWM``: exact, not sampled; read every 50 ms so that workers
@@ -10,6 +10,7 @@ identical runs. Where ``VmHWM`` is not available the sampled RSS is used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +18,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+#: The checkout's quickstart job: every pipeline case starts from it, with its settings overridden.
+QUICKSTART = Path(__file__).resolve().parent.parent / "jobs" / "quickstart.yaml"
 
 
 def _hwm(pid: int) -> int | None:
@@ -61,15 +65,15 @@ class PeakRSS:
         return sum(self.hwm.values()) if self.hwm else self.sampled_peak
 
     def sample(self) -> int:
+        import psutil
+
         total = 0
         for p in [self.proc, *self.proc.children(recursive=True)]:
-            try:
+            with contextlib.suppress(psutil.Error):  # a worker that just exited
                 total += p.memory_info().rss
                 h = _hwm(p.pid)
                 if h is not None:
                     self.hwm[p.pid] = max(self.hwm.get(p.pid, 0), h)
-            except Exception:  # a worker that just exited
-                pass
         self.sampled_peak = max(self.sampled_peak, total)
         return total
 
@@ -112,7 +116,7 @@ def _job(spec: dict, run_dir: Path):
         sets += ["runtime.processes=false", "runtime.n_workers=1", f"runtime.threads_per_worker={os.cpu_count()}"]
     else:
         sets += [f"runtime.n_workers={workers}", f"runtime.threads_per_worker={max(1, os.cpu_count() // workers)}"]
-    return load_job(Path(__file__).resolve().parents[2] / "jobs" / "quickstart.yaml", sets)
+    return load_job(QUICKSTART, sets)
 
 
 def case_pipeline(spec: dict) -> dict:
@@ -183,10 +187,10 @@ def case_bare(spec: dict) -> dict:
 
 
 def case_naive(spec: dict) -> dict:
-    from rapids_attn.bench.naive import run_naive
+    from benchmarks.naive import run_naive
     from rapids_attn.embed.backbone import _build_network, _strip_head
 
-    model, tok, examples, info, t, batches, device = _setup(spec)
+    model, tok, examples, info, _, _, device = _setup(spec)
     net, dim = _strip_head(_build_network(spec.get("backbone", "resnet18"), "random"))
     net = net.eval().to(device)
     out = Path(tempfile.mkdtemp(prefix="bench-naive-")) / "features.csv"
@@ -198,8 +202,6 @@ def case_naive(spec: dict) -> dict:
 
 def case_capture(spec: dict) -> dict:
     """Peak memory of one big batch captured by hooks (layer by layer) or output_attentions=True."""
-    import torch
-
     from rapids_attn.extract.shard import Extractor
     from rapids_attn.pipeline import preflight
 

@@ -1,4 +1,4 @@
-"""``python -m rapids_attn.bench.cnn``: one CNN at 224 x 224, every CPU execution strategy PyTorch offers.
+"""``python -m benchmarks.cnn``: one CNN at 224 x 224, every CPU execution strategy PyTorch offers.
 
 At matched settings (issue 5) the naive pipeline and ours both spend almost all their time in
 ResNet-50 at 224 x 224, so the matched speed-up is bounded by how fast that network can run here.
@@ -30,7 +30,7 @@ def _rate(fn, x, batch: int) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rapids_attn.bench.cnn", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.cnn", description=__doc__.splitlines()[0])
     ap.add_argument("--backbone", default="resnet50")
     ap.add_argument("--maps", type=int, default=48, help="images per strategy")
     ap.add_argument("--threads", type=int, default=os.cpu_count())

@@ -1,4 +1,5 @@
-"""``python -m rapids_attn.bench``: speed, memory and storage, measured side by side in one run.
+"""``python -m benchmarks`` (from the repository root): speed, memory and storage, measured side by side
+in one run.
 
 Each case runs in a fresh process (its peak memory is its own) on the same examples and model;
 the ratios in the tables come from cases of this one run, never from numbers taken elsewhere.
@@ -19,13 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad-v2-dev-half.json"
+#: The repository root: each case runs as ``python -m benchmarks.case`` from here.
+REPO = Path(__file__).resolve().parent.parent
+#: The checkout's sibling ``shared/`` folder holds about half of the SQuAD v2 dev set.
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
 
 
 def run_case(spec: dict) -> dict:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "rapids_attn.bench.case", json.dumps(spec)],
-                       capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "benchmarks.case", json.dumps(spec)],
+                       check=False, capture_output=True, text=True, cwd=REPO)
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"benchmark case {spec} failed:\n{p.stderr[-3000:]}")
@@ -46,7 +50,7 @@ def table(head: list[str], rows: list[list]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rapids_attn.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="SQuAD-format file (default: ../shared/data/...)")
     ap.add_argument("--examples", type=int, default=64, help="examples for the pipeline and bare-forward cases")
     ap.add_argument("--naive-examples", type=int, default=None,

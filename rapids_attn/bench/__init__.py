@@ -1,1 +1,0 @@
-"""Benchmarks: ``python -m rapids_attn.bench`` (see docs/benchmarks.md)."""
