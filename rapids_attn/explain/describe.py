@@ -1,7 +1,8 @@
 """Turn cluster labels into findings: what each cluster is, where it lives, which examples make it.
 
-:func:`describe` reads the store chunk by chunk and returns a JSON-ready dict (it also goes into
-``summary.json``) plus arrays for the figures; the contract is in ``docs/architecture.md``.
+:func:`describe` reads the store chunk by chunk and returns :class:`~rapids_attn.explain.findings.Findings`
+(whose ``to_dict()`` goes into ``summary.json``) plus :class:`~rapids_attn.explain.findings.FigureArrays`
+for the report's figures.
 
 - **Signature.** Each cluster's mean of every scalar stat against the mean over all maps, in
   plain words, with the stats ranked by their standardised difference (z).
@@ -13,16 +14,54 @@
 - **Examples.** Cluster against example group and label: mutual information with a p-value from
   permutations that shuffle whole examples (an example's L x H maps are not independent, so a
   chi-square over maps would overstate significance; it is reported too, as ``chi2_p_maps``).
+
+The store is read in its own chunks (whole shards of examples), so memory is bounded by a few
+arrays of one value per map, never by the features or thumbnails of the whole store.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from rapids_attn.data.probe import PROBE_GROUP
-from rapids_attn.store.zarr_store import decode_thumbnails, read_strings
+from rapids_attn.explain.findings import (
+    ClusterFinding,
+    ExemplarRef,
+    FigureArrays,
+    Findings,
+    GroupShare,
+    HeadDetectors,
+    HeadShare,
+    HeadTable,
+    KSweep,
+    LayerShare,
+    MetadataFindings,
+    MetadataTest,
+    ScatterSample,
+    SignatureItem,
+)
+from rapids_attn.store.schema import (
+    CLUSTER,
+    COORDS,
+    DETECTOR,
+    DETECTORS,
+    EXAMPLE_GROUP,
+    EXAMPLE_ID,
+    EXAMPLE_LABEL,
+    HEAD,
+    LAYER,
+    PATTERN,
+    REDUCED,
+    STAT,
+    STATS,
+    THUMBNAILS,
+    Attr,
+    read_strings,
+)
+from rapids_attn.store.zarr_store import decode_thumbnails
 
 #: Plain words for each stat; {first} and {sep} are filled with the tokenizer's own tokens.
 STAT_WORDS = {
@@ -47,11 +86,6 @@ def stat_labels(stat_names: list[str], tokenizer=None) -> dict[str, str]:
     first = f"({first})" if first else "([CLS] / BOS)"
     sep = sep or "separator / end tokens"
     return {s: STAT_WORDS.get(s, s).format(first=first, sep=sep) for s in stat_names}
-
-
-def _blocks(n: int, rows: int):
-    for start in range(0, n, rows):
-        yield start, min(start + rows, n)
 
 
 def _mutual_info(a: np.ndarray, b: np.ndarray) -> float:
@@ -95,11 +129,11 @@ def metadata_association(labels: np.ndarray, values: np.ndarray, maps_per_exampl
         for _ in range(permutations):
             shuffled = np.repeat(rng.permutation(inv), maps_per_example)[keep]
             hits += _mutual_info(lab, shuffled) >= observed - 1e-12
-        p_perm = (hits + 1) / (permutations + 1)
+        p_perm = float((hits + 1) / (permutations + 1))
     return {
         "mutual_info": observed, "nmi": nmi, "p_permutation": p_perm, "permutations": permutations,
         "chi2": float(chi2), "chi2_p_maps": float(p_maps), "dof": int(dof), "n_maps": int(keep.sum()),
-        "n_values": int(len(codes)),
+        "n_values": len(codes),
     }
 
 
@@ -110,204 +144,343 @@ def _span(layers: list[int]) -> str:
     return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
 
 
-def describe(g, explain_cfg, seed: int = 0, tokenizer=None) -> tuple[dict, dict]:
-    """Describe every cluster of a store whose learn stage is complete. Returns (dict, arrays)."""
-    cl = g["cluster"]
+# ---------------------------------------------------------------------------------------------
+# reading the store
+
+
+@dataclass
+class _Maps:
+    """The clustered store's shape and every map's cluster, flat in store order (example-major)."""
+
+    n_examples: int
+    n_layers: int
+    n_heads: int
+    chunk: int  # examples per chunk of the cluster array: the passes read this many at a time
+    layers: list[int]
+    heads: list[int]
+    stat_names: list[str]
+    labels: np.ndarray  # [maps] int64: cluster id, -1 noise
+    ids: list[int]  # the cluster ids present, sorted (noise first when present)
+    row: np.ndarray  # [maps] int64: the map's cluster as a row 0..k-1 of ids
+
+    @property
+    def k(self) -> int:
+        return len(self.ids)
+
+    @property
+    def per_ex(self) -> int:
+        return self.n_layers * self.n_heads
+
+    def rows_of(self, a: int, b: int) -> np.ndarray:
+        """Cluster rows of the maps of examples a..b-1."""
+        return self.row[a * self.per_ex:b * self.per_ex]
+
+    def blocks(self):
+        for start in range(0, self.n_examples, self.chunk):
+            yield start, min(start + self.chunk, self.n_examples)
+
+
+def _read_maps(g) -> _Maps:
+    cl = g[CLUSTER]
     e, nl, nh = cl.shape
-    rows = cl.chunks[0]
-    per_ex = nl * nh
-    layers = [int(x) for x in g["layer"][:]]
-    heads = [int(x) for x in g["head"][:]]
-    stat_names = [str(s) for s in g["stat"][:]]
-    labels = np.asarray(cl[:], dtype=np.int64).reshape(-1)  # [maps]
+    labels = np.asarray(cl[:], dtype=np.int64).reshape(-1)
     ids = sorted(int(c) for c in np.unique(labels))
-    real = [c for c in ids if c >= 0]
     lut = np.zeros(max(ids) + 2, dtype=np.int64)  # cluster id (-1 = noise) -> row 0..k-1
     lut[np.asarray(ids) + 1] = np.arange(len(ids))
-    k = len(ids)
-    n_stats = len(stat_names)
-    rng = np.random.default_rng(seed)
+    return _Maps(n_examples=e, n_layers=nl, n_heads=nh, chunk=cl.chunks[0],
+                 layers=[int(x) for x in g[LAYER][:]], heads=[int(x) for x in g[HEAD][:]],
+                 stat_names=[str(s) for s in g[STAT][:]], labels=labels, ids=ids, row=lut[labels + 1])
 
-    # -- one chunked pass: stat sums, thumbnail sums, centres in the reduced space ----------------
-    has_thumbs = "thumbnails" in g
-    t = g["thumbnails"].shape[-1] if has_thumbs else 0
+
+@dataclass
+class _Sums:
+    """Per-cluster totals from the accumulation pass."""
+
+    counts: np.ndarray  # [k] maps
+    means: np.ndarray  # [k, stat]
+    overall: np.ndarray  # [stat] mean over all maps
+    std: np.ndarray  # [stat] over all maps
+    centre: np.ndarray  # [k, component] mean in the reduced space
+    thumb_sum: np.ndarray | None  # [k, t, t]; None without thumbnails
+
+
+def _accumulate(g, maps: _Maps) -> _Sums:
+    """One chunked pass: stat sums and squares, thumbnail sums, and centres in the reduced space."""
+    k, n_stats = maps.k, len(maps.stat_names)
+    has_thumbs = THUMBNAILS in g
+    t = g[THUMBNAILS].shape[-1] if has_thumbs else 0
     stat_sum = np.zeros((k, n_stats))
     stat_sq = np.zeros(n_stats)
     thumb_sum = np.zeros((k, t, t)) if has_thumbs else None
-    red = g["reduced"]
+    red = g[REDUCED]
     centre = np.zeros((k, red.shape[-1]))
     counts = np.zeros(k)
-    for a, b in _blocks(e, rows):
-        lab = lut[labels[a * per_ex:b * per_ex] + 1]
-        st = np.asarray(g["stats"][a:b], dtype=np.float64).reshape(-1, n_stats)
+    for a, b in maps.blocks():
+        lab = maps.rows_of(a, b)
+        st = np.asarray(g[STATS][a:b], dtype=np.float64).reshape(-1, n_stats)
         np.add.at(stat_sum, lab, st)
         stat_sq += (st ** 2).sum(0)
         np.add.at(centre, lab, np.asarray(red[a:b], dtype=np.float64).reshape(-1, red.shape[-1]))
         counts += np.bincount(lab, minlength=k)
         if has_thumbs:
-            np.add.at(thumb_sum, lab, decode_thumbnails(g["thumbnails"][a:b]).reshape(-1, t, t))
+            np.add.at(thumb_sum, lab, decode_thumbnails(g[THUMBNAILS][a:b]).reshape(-1, t, t))
     n = counts.sum()
-    means = stat_sum / np.maximum(counts, 1)[:, None]
     overall = stat_sum.sum(0) / n
-    std = np.sqrt(np.maximum(stat_sq / n - overall ** 2, 1e-24))
-    centre /= np.maximum(counts, 1)[:, None]
+    return _Sums(counts=counts, means=stat_sum / np.maximum(counts, 1)[:, None], overall=overall,
+                 std=np.sqrt(np.maximum(stat_sq / n - overall ** 2, 1e-24)),
+                 centre=centre / np.maximum(counts, 1)[:, None], thumb_sum=thumb_sum)
 
-    # nearest-to-centre exemplars: a second chunked pass keeping the m best per cluster
-    m = explain_cfg.exemplars
-    n_near = max(1, m // 2)
-    best: dict[int, list[tuple[float, int]]] = {c: [] for c in range(k)}
-    for a, b in _blocks(e, rows):
-        lab = lut[labels[a * per_ex:b * per_ex] + 1]
+
+def _nearest(g, maps: _Maps, centre: np.ndarray, n_near: int) -> dict[int, list[int]]:
+    """A second chunked pass: per cluster row, the n_near maps (flat indices) nearest its centre, nearest first."""
+    red = g[REDUCED]
+    best: dict[int, list[tuple[float, int]]] = {c: [] for c in range(maps.k)}
+    for a, b in maps.blocks():
+        lab = maps.rows_of(a, b)
         z = np.asarray(red[a:b], dtype=np.float64).reshape(-1, red.shape[-1])
         dist = ((z - centre[lab]) ** 2).sum(1)
         for c in np.unique(lab):
             sel = np.flatnonzero(lab == c)
             top = sel[np.argsort(dist[sel])[:n_near]]
-            best[c] = sorted(best[c] + [(float(dist[i]), a * per_ex + int(i)) for i in top])[:n_near]
+            best[int(c)] = sorted(best[int(c)] + [(float(dist[i]), a * maps.per_ex + int(i)) for i in top])[:n_near]
+    return {c: [idx for _, idx in v] for c, v in best.items()}
 
-    # -- occupancy and heads ---------------------------------------------------------------------
-    lab_all = lut[labels + 1]
-    lh = np.tile(np.arange(per_ex), e)
-    occ_counts = np.bincount(lab_all * per_ex + lh, minlength=k * per_ex).reshape(k, nl, nh).astype(np.float64)
-    occupancy = occ_counts / e  # share of head (l, h)'s maps in each cluster
+
+def _occupancy(maps: _Maps) -> tuple[np.ndarray, np.ndarray, HeadTable]:
+    """Maps per (cluster, layer, head), each head's share in each cluster, and the per-head table."""
+    k, per_ex = maps.k, maps.per_ex
+    lh = np.tile(np.arange(per_ex), maps.n_examples)
+    shape = (k, maps.n_layers, maps.n_heads)
+    occ_counts = np.bincount(maps.row * per_ex + lh, minlength=k * per_ex).reshape(shape).astype(np.float64)
+    occupancy = occ_counts / maps.n_examples  # share of head (l, h)'s maps in each cluster
     p = np.clip(occupancy, 1e-300, 1)
     head_entropy = -(occupancy * np.log(p)).sum(0)
-    consistency = 1 - head_entropy / math.log(k) if k > 1 else np.ones((nl, nh))
-    dominant = np.array(ids)[occupancy.argmax(0)]
+    consistency = 1 - head_entropy / math.log(k) if k > 1 else np.ones(shape[1:])
+    dominant = np.array(maps.ids)[occupancy.argmax(0)]
+    return occ_counts, occupancy, HeadTable(dominant_cluster=dominant, consistency=consistency.round(4))
 
-    # -- head detectors: per-head means over the examples where each is defined ------------------
-    prev_j = stat_names.index("prev") if "prev" in stat_names else None
-    det_names = [str(x) for x in g["detector"][:]] if "detector" in g else []
-    det_sum = np.zeros((nl, nh, 1 + len(det_names)))
+
+def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
+    """Per-head means of prev and each detector over the examples where it is defined (NaN: none).
+
+    Returns the rounded findings and the unrounded [layer, head, detector] float32 array for the store.
+    """
+    prev_j = maps.stat_names.index("prev") if "prev" in maps.stat_names else None
+    det_names = [str(x) for x in g[DETECTOR][:]] if DETECTOR in g else []
+    names = ["prev", *det_names]
+    det_sum = np.zeros((maps.n_layers, maps.n_heads, len(names)))
     det_n = np.zeros_like(det_sum)
-    for a, b in _blocks(e, rows):
-        parts = [np.asarray(g["stats"][a:b, :, :, prev_j:prev_j + 1], dtype=np.float64)] if prev_j is not None else []
-        if det_names:
-            parts.append(np.asarray(g["detectors"][a:b], dtype=np.float64))
-        if parts:
-            v = np.concatenate(parts, axis=-1)
-            det_sum += np.nansum(v, axis=0)
-            det_n += (~np.isnan(v)).sum(0)
+    for a, b in maps.blocks():
+        if prev_j is not None:
+            prev = np.asarray(g[STATS][a:b, :, :, prev_j:prev_j + 1], dtype=np.float64)
+        else:  # a store without the stat: prev stays undefined (NaN) rather than shifting the detectors
+            prev = np.full((b - a, maps.n_layers, maps.n_heads, 1), np.nan)
+        parts = [prev, np.asarray(g[DETECTORS][a:b], dtype=np.float64)] if det_names else [prev]
+        v = np.concatenate(parts, axis=-1)
+        det_sum += np.nansum(v, axis=0)
+        det_n += (~np.isnan(v)).sum(0)
     with np.errstate(invalid="ignore"):
         head_det = det_sum / det_n  # NaN where no example defines the detector
-    detectors = {"names": ["prev", *det_names],
-                 "scores": {name: np.round(head_det[..., i], 4).tolist() for i, name in enumerate(["prev", *det_names])},
-                 "examples": {name: det_n[..., i].max().astype(int).item() for i, name in enumerate(["prev", *det_names])}}
+    found = HeadDetectors(names=names, scores={name: np.round(head_det[..., i], 4) for i, name in enumerate(names)},
+                          examples={name: det_n[..., i].max().astype(int).item() for i, name in enumerate(names)})
+    return found, head_det.astype(np.float32)
 
-    # -- example metadata ----------------------------------------------------------------------
-    groups = read_strings(g["example_group"])
-    ex_labels = read_strings(g["example_label"])
-    ex_of_map = np.repeat(np.arange(e), per_ex)
-    warnings = []
+
+@dataclass
+class _Examples:
+    """Example-level metadata, and each map's example and pattern type."""
+
+    ids: np.ndarray  # [examples] str
+    groups: np.ndarray  # [examples] str
+    labels: np.ndarray  # [examples] str
+    group_codes: np.ndarray  # the distinct groups, sorted
+    group_inv: np.ndarray  # [examples] index into group_codes
+    group_overall: np.ndarray  # [group] share of all examples (so of all maps)
+    label_codes: np.ndarray
+    label_inv: np.ndarray
+    of_map: np.ndarray  # [maps] the example of each map
+    pattern_classes: list[str]  # pattern-cnn's types; [] without it
+    patterns: np.ndarray | None  # [maps] index into pattern_classes
+
+
+def _examples(g, maps: _Maps) -> _Examples:
+    groups = read_strings(g[EXAMPLE_GROUP])
+    labels = read_strings(g[EXAMPLE_LABEL])
     group_codes, group_inv = np.unique(groups, return_inverse=True)
-    group_overall = np.bincount(group_inv, minlength=len(group_codes)) / e
-    label_codes, label_inv = np.unique(ex_labels, return_inverse=True)
+    label_codes, label_inv = np.unique(labels, return_inverse=True)
+    pattern_classes = [str(c) for c in g.attrs.get(Attr.PATTERN_CLASSES, [])] if PATTERN in g else []
+    return _Examples(
+        ids=read_strings(g[EXAMPLE_ID]), groups=groups, labels=labels, group_codes=group_codes, group_inv=group_inv,
+        group_overall=np.bincount(group_inv, minlength=len(group_codes)) / maps.n_examples,
+        label_codes=label_codes, label_inv=label_inv, of_map=np.repeat(np.arange(maps.n_examples), maps.per_ex),
+        pattern_classes=pattern_classes,
+        patterns=np.asarray(g[PATTERN][:], dtype=np.int64).reshape(-1) if pattern_classes else None)
 
-    labels_words = stat_labels(stat_names, tokenizer)
-    pattern_classes = list(g.attrs.get("pattern_classes", [])) if "pattern" in g else []
-    patterns = np.asarray(g["pattern"][:], dtype=np.int64).reshape(-1) if pattern_classes else None
-    ex_ids = read_strings(g["example_id"])
-    clusters = []
-    order = sorted(range(k), key=lambda i: (ids[i] < 0, -counts[i]))
-    exemplar_thumbs = np.full((k, m, t, t), np.nan, dtype=np.float32) if has_thumbs else None
-    exemplar_info = []
-    for pos, i in enumerate(order):
-        c = ids[i]
-        size = int(counts[i])
-        members = np.flatnonzero(lab_all == i)
-        z = (means[i] - overall) / std
-        top = np.argsort(-np.abs(z))[:3]
-        signature = [{"stat": stat_names[j], "label": labels_words[stat_names[j]], "mean": float(means[i, j]),
-                      "overall": float(overall[j]), "z": float(z[j])} for j in top]
-        share_of_cluster = occ_counts[i] / max(size, 1)
-        flat = np.argsort(-share_of_cluster.reshape(-1))[:8]
-        top_heads = [{"layer": layers[f // nh], "head": heads[f % nh],
-                      "share_of_head": float(occupancy[i].reshape(-1)[f]),
-                      "share_of_cluster": float(share_of_cluster.reshape(-1)[f])} for f in flat
-                     if share_of_cluster.reshape(-1)[f] > 0]
-        layer_share = share_of_cluster.sum(1)
-        top_layers = [{"layer": layers[j], "share_of_cluster": float(layer_share[j])} for j in np.argsort(-layer_share)
-                      if layer_share[j] > 0]
-        cum, main_layers = 0.0, []
-        for item in top_layers:
-            main_layers.append(item["layer"])
-            cum += item["share_of_cluster"]
-            if cum >= 0.6 or len(main_layers) == 3:
-                break
-        heads_txt = ", ".join(f"L{h['layer']}-H{h['head']} ({h['share_of_head']:.0%} of its maps)" for h in top_heads[:3])
-        dominant_description = f"mostly {_span(main_layers)} ({cum:.0%} of its maps); top heads {heads_txt}"
 
-        g_counts = np.bincount(group_inv[ex_of_map[members]], minlength=len(group_codes)) / max(size, 1)
-        gi = int(g_counts.argmax())
-        dominated = bool(len(group_codes) > 1 and g_counts[gi] > explain_cfg.group_dominance
-                         and g_counts[gi] >= 2 * group_overall[gi])
-        if dominated:
-            warnings.append(f"cluster {c}: {g_counts[gi]:.0%} of its maps come from group '{group_codes[gi]}' "
-                            f"({group_overall[gi]:.0%} overall): a trivial cluster from shared contexts? "
-                            "Consider reduce.sample_by: group")
-        l_counts = np.bincount(label_inv[ex_of_map[members]], minlength=len(label_codes)) / max(size, 1)
+# ---------------------------------------------------------------------------------------------
+# one cluster
 
-        near = [idx for _, idx in best[i]]
-        pool = np.setdiff1d(members, near)
-        rand = rng.choice(pool, min(len(pool), m - len(near)), replace=False).tolist() if len(pool) else []
-        picks = near + sorted(rand)
-        info = [(int(f // per_ex), layers[(f % per_ex) // nh], heads[f % nh]) for f in picks]
-        exemplar_info.append(info)
-        if has_thumbs:
-            for j, f in enumerate(picks):
-                ex, r = divmod(f, per_ex)
-                exemplar_thumbs[pos, j] = decode_thumbnails(g["thumbnails"][ex, r // nh, r % nh])
-        pattern_share = {}
-        if patterns is not None:
-            pc = np.bincount(patterns[members], minlength=len(pattern_classes)) / max(size, 1)
-            pattern_share = {pattern_classes[j]: float(pc[j]) for j in np.argsort(-pc) if pc[j] > 0}
-        clusters.append({
-            "id": c, "size": size, "share": size / n,
-            "summary": (f"{next(iter(pattern_share))} pattern ({next(iter(pattern_share.values())):.0%} of its maps); "
-                        if pattern_share else "")
-            + "; ".join(f"{s['label']}: {s['mean']:.2f} vs {s['overall']:.2f} overall" for s in signature),
-            "signature": signature,
-            "means": {s: float(means[i, j]) for j, s in enumerate(stat_names)},
-            "top_heads": top_heads, "top_layers": top_layers, "dominant_description": dominant_description,
-            "groups": {"top": str(group_codes[gi]), "share": float(g_counts[gi]),
-                       "overall_share": float(group_overall[gi]), "dominated": dominated},
-            "labels": {str(lc): float(v) for lc, v in zip(label_codes, l_counts)},
-            "patterns": pattern_share,
-            "pattern": next(iter(pattern_share), None),
-            "exemplar_examples": [{"example_index": ex, "example_id": str(ex_ids[ex]), "layer": la, "head": he}
-                                  for ex, la, he in info[:explain_cfg.head_views]],
-        })
-    occ_sorted = occupancy[order].astype(np.float32)
-    # probes (repeated random tokens) are not dataset examples: they would make their own "group"
-    # and "label" look associated with the clusters, so the metadata tests leave them out
-    real_ex = groups != PROBE_GROUP
-    real_maps = np.repeat(real_ex, per_ex)
-    meta = {
-        "label": metadata_association(labels[real_maps], ex_labels[real_ex], per_ex, explain_cfg.permutations, seed),
-        "group": metadata_association(labels[real_maps], groups[real_ex], per_ex, explain_cfg.permutations, seed),
-        "probe_examples_excluded": int((~real_ex).sum()),
-    }
-    samp = rng.choice(len(labels), min(len(labels), explain_cfg.scatter_sample), replace=False)
+
+def _signature(i: int, maps: _Maps, sums: _Sums, words: dict[str, str]) -> list[SignatureItem]:
+    """The three stats whose cluster mean differs most from the overall mean, in standard deviations."""
+    z = (sums.means[i] - sums.overall) / sums.std
+    return [SignatureItem(stat=maps.stat_names[j], label=words[maps.stat_names[j]], mean=float(sums.means[i, j]),
+                          overall=float(sums.overall[j]), z=float(z[j])) for j in np.argsort(-np.abs(z))[:3]]
+
+
+def _where(maps: _Maps, occ_counts: np.ndarray, occupancy: np.ndarray, size: int):
+    """The cluster's top heads and layers, and a sentence naming the layers that hold most of it."""
+    nh = maps.n_heads
+    share_of_cluster = occ_counts / max(size, 1)
+    flat_share, flat_occ = share_of_cluster.reshape(-1), occupancy.reshape(-1)
+    top_heads = [HeadShare(layer=maps.layers[f // nh], head=maps.heads[f % nh], share_of_head=float(flat_occ[f]),
+                           share_of_cluster=float(flat_share[f]))
+                 for f in np.argsort(-flat_share)[:8] if flat_share[f] > 0]
+    layer_share = share_of_cluster.sum(1)
+    top_layers = [LayerShare(layer=maps.layers[j], share_of_cluster=float(layer_share[j]))
+                  for j in np.argsort(-layer_share) if layer_share[j] > 0]
+    cum, main_layers = 0.0, []
+    for item in top_layers:  # the biggest layers until they hold 60% of the cluster, at most three
+        main_layers.append(item.layer)
+        cum += item.share_of_cluster
+        if cum >= 0.6 or len(main_layers) == 3:
+            break
+    heads_txt = ", ".join(f"L{h.layer}-H{h.head} ({h.share_of_head:.0%} of its maps)" for h in top_heads[:3])
+    return top_heads, top_layers, f"mostly {_span(main_layers)} ({cum:.0%} of its maps); top heads {heads_txt}"
+
+
+def _composition(members: np.ndarray, ex: _Examples, group_dominance: float):
+    """Shares of the cluster's maps by example group (the top one), by label, and by pattern type."""
+    size = max(len(members), 1)
+    of_ex = ex.of_map[members]
+    g_counts = np.bincount(ex.group_inv[of_ex], minlength=len(ex.group_codes)) / size
+    gi = int(g_counts.argmax())
+    dominated = bool(len(ex.group_codes) > 1 and g_counts[gi] > group_dominance
+                     and g_counts[gi] >= 2 * ex.group_overall[gi])
+    groups = GroupShare(top=str(ex.group_codes[gi]), share=float(g_counts[gi]),
+                        overall_share=float(ex.group_overall[gi]), dominated=dominated)
+    l_counts = np.bincount(ex.label_inv[of_ex], minlength=len(ex.label_codes)) / size
+    labels = {str(lc): float(v) for lc, v in zip(ex.label_codes, l_counts)}
+    patterns: dict[str, float] = {}
+    if ex.patterns is not None:
+        pc = np.bincount(ex.patterns[members], minlength=len(ex.pattern_classes)) / size
+        patterns = {ex.pattern_classes[j]: float(pc[j]) for j in np.argsort(-pc) if pc[j] > 0}
+    return groups, labels, patterns
+
+
+def _exemplar_picks(members: np.ndarray, near: list[int], m: int, rng: np.random.Generator) -> list[int]:
+    """The maps nearest the centre, then seeded random members (sorted) up to m in all."""
+    pool = np.setdiff1d(members, near)
+    rand = rng.choice(pool, min(len(pool), m - len(near)), replace=False).tolist() if len(pool) else []
+    return near + sorted(rand)
+
+
+def _describe_cluster(i: int, maps: _Maps, sums: _Sums, occ: tuple[np.ndarray, np.ndarray], ex: _Examples,
+                      words: dict[str, str], cfg, refs: list[ExemplarRef]) -> ClusterFinding:
+    """Cluster row i in words and numbers. occ: its maps per head and its share of each head's maps."""
+    members = np.flatnonzero(maps.row == i)
+    size = int(sums.counts[i])
+    signature = _signature(i, maps, sums, words)
+    top_heads, top_layers, where = _where(maps, occ[0], occ[1], size)
+    groups, labels, patterns = _composition(members, ex, cfg.group_dominance)
+    pattern = next(iter(patterns), None)
+    summary = (f"{pattern} pattern ({patterns[pattern]:.0%} of its maps); " if patterns else "") + "; ".join(
+        f"{s.label}: {s.mean:.2f} vs {s.overall:.2f} overall" for s in signature)
+    return ClusterFinding(
+        id=maps.ids[i], size=size, share=float(size / sums.counts.sum()), summary=summary, signature=signature,
+        means={s: float(sums.means[i, j]) for j, s in enumerate(maps.stat_names)}, top_heads=top_heads,
+        top_layers=top_layers, dominant_description=where, groups=groups, labels=labels, patterns=patterns,
+        pattern=pattern, exemplar_examples=refs[:cfg.head_views])
+
+
+def _dominance_warning(c: ClusterFinding) -> str:
+    return (f"cluster {c.id}: {c.groups.share:.0%} of its maps come from group '{c.groups.top}' "
+            f"({c.groups.overall_share:.0%} overall): a trivial cluster from shared contexts? "
+            "Consider reduce.sample_by: group")
+
+
+# ---------------------------------------------------------------------------------------------
+# the rest
+
+
+def _metadata(maps: _Maps, ex: _Examples, cfg, seed: int) -> MetadataFindings:
+    """Cluster against example label and group, over the dataset's examples only.
+
+    Probes (repeated random tokens) are not dataset examples: they would make their own "group" and
+    "label" look associated with the clusters, so the tests leave them out.
+    """
+    real_ex = ex.groups != PROBE_GROUP
+    real_maps = np.repeat(real_ex, maps.per_ex)
+
+    def test(values: np.ndarray) -> MetadataTest | None:
+        r = metadata_association(maps.labels[real_maps], values[real_ex], maps.per_ex, cfg.permutations, seed)
+        return None if r is None else MetadataTest(**r)
+
+    return MetadataFindings(label=test(ex.labels), group=test(ex.groups),
+                            probe_examples_excluded=int((~real_ex).sum()))
+
+
+def _exemplar_thumbs(g, maps: _Maps, picks: list[list[int]], m: int) -> np.ndarray | None:
+    """[cluster, m, t, t] thumbnails of the picked maps, NaN in unused slots; None without thumbnails."""
+    if THUMBNAILS not in g:
+        return None
+    thumbs = g[THUMBNAILS]
+    t = thumbs.shape[-1]
+    out = np.full((len(picks), m, t, t), np.nan, dtype=np.float32)
+    for pos, flat in enumerate(picks):
+        for j, f in enumerate(flat):
+            ex, r = divmod(f, maps.per_ex)
+            out[pos, j] = decode_thumbnails(thumbs[ex, r // maps.n_heads, r % maps.n_heads])
+    return out
+
+
+def _scatter(g, maps: _Maps, rng: np.random.Generator, size: int) -> ScatterSample:
+    """A seeded sample of maps in the learn stage's 2-D coordinates."""
+    n = len(maps.labels)
+    samp = rng.choice(n, min(n, size), replace=False)
     samp.sort()
-    coords = np.asarray(g["coords"][:], dtype=np.float32).reshape(-1, 2)
-    arrays = {
-        "mean_thumbs": (thumb_sum[order] / np.maximum(counts[order], 1)[:, None, None]).astype(np.float32)
-        if has_thumbs else None,
-        "exemplar_thumbs": exemplar_thumbs,
-        "exemplar_info": exemplar_info,
-        "occupancy": occ_sorted,
-        "scatter": {"x": coords[samp, 0], "y": coords[samp, 1], "cluster": labels[samp].astype(np.int32),
-                    "layer": np.asarray(layers, dtype=np.int16)[(samp % per_ex) // nh]},
-    }
-    d = {
-        "layers": layers, "heads": heads, "stat_names": stat_names, "stat_labels": labels_words,
-        "global_means": {s: float(overall[j]) for j, s in enumerate(stat_names)},
-        "clusters": clusters,
-        "heads_table": {"dominant_cluster": dominant.tolist(), "consistency": consistency.round(4).tolist()},
-        "metadata": meta,
-        "warnings": warnings,
-        "k_sweep": dict(g.attrs.get("learn", {})).get("k_sweep"),
-        "detectors": detectors,
-    }
-    arrays["head_detectors"] = head_det.astype(np.float32)  # [layer, head, detector]
-    return d, arrays
+    coords = np.asarray(g[COORDS][:], dtype=np.float32).reshape(-1, 2)
+    return ScatterSample(x=coords[samp, 0], y=coords[samp, 1], cluster=maps.labels[samp].astype(np.int32),
+                         layer=np.asarray(maps.layers, dtype=np.int16)[(samp % maps.per_ex) // maps.n_heads])
+
+
+def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArrays]:
+    """Describe every cluster of a store whose learn stage is complete.
+
+    cfg: the job's ExplainConfig. seed fixes the random exemplars and the scatter sample (and the
+    permutations); tokenizer, if given, names its own first and separator tokens in the stat labels.
+    """
+    maps = _read_maps(g)
+    rng = np.random.default_rng(seed)
+    sums = _accumulate(g, maps)
+    near = _nearest(g, maps, sums.centre, max(1, cfg.exemplars // 2))
+    occ_counts, occupancy, heads_table = _occupancy(maps)
+    detectors, head_det = _head_detectors(g, maps)
+    ex = _examples(g, maps)
+    words = stat_labels(maps.stat_names, tokenizer)
+
+    order = sorted(range(maps.k), key=lambda i: (maps.ids[i] < 0, -sums.counts[i]))  # by size, noise last
+    clusters, picks, info = [], [], []
+    for i in order:
+        flat = _exemplar_picks(np.flatnonzero(maps.row == i), near[i], cfg.exemplars, rng)
+        where = [(int(f // maps.per_ex), maps.layers[(f % maps.per_ex) // maps.n_heads], maps.heads[f % maps.n_heads])
+                 for f in flat]
+        refs = [ExemplarRef(example_index=e, example_id=str(ex.ids[e]), layer=la, head=he) for e, la, he in where]
+        clusters.append(_describe_cluster(i, maps, sums, (occ_counts[i], occupancy[i]), ex, words, cfg, refs))
+        picks.append(flat)
+        info.append(where)
+
+    counts = sums.counts[order]
+    arrays = FigureArrays(
+        mean_thumbs=None if sums.thumb_sum is None
+        else (sums.thumb_sum[order] / np.maximum(counts, 1)[:, None, None]).astype(np.float32),
+        exemplar_thumbs=_exemplar_thumbs(g, maps, picks, cfg.exemplars), exemplar_info=info,
+        occupancy=occupancy[order].astype(np.float32), scatter=_scatter(g, maps, rng, cfg.scatter_sample),
+        head_detectors=head_det)
+    findings = Findings(
+        layers=maps.layers, heads=maps.heads, stat_names=maps.stat_names, stat_labels=words,
+        global_means={s: float(sums.overall[j]) for j, s in enumerate(maps.stat_names)}, clusters=clusters,
+        heads_table=heads_table, metadata=_metadata(maps, ex, cfg, seed),
+        warnings=[_dominance_warning(c) for c in clusters if c.groups.dominated],
+        k_sweep=KSweep.from_dict((g.attrs.get(Attr.LEARN) or {}).get("k_sweep")), detectors=detectors)
+    return findings, arrays
