@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from rapids_attn.backends import cuda_device_count
+from rapids_attn.devices import cuda_device_count
 from rapids_attn.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,9 @@
-"""The one place that knows CPU from GPU.
-
-:func:`resolve_learn_backend` picks, once, where the fit runs: cuML on CuPy arrays (GPU) or
-scikit-learn / umap-learn on NumPy arrays (CPU). cuML mirrors scikit-learn's estimator API, so the
-learn stage calls the same ``fit`` / ``transform`` / ``predict`` on whatever the backend builds.
-Nothing here imports cupy, cuml or dask_cuda until a GPU backend is asked for.
+"""Estimator factories and array handling for the learn stage: scikit-learn on NumPy (CPU) or cuML
+on CuPy (GPU). cuML mirrors scikit-learn's estimator API, so the learn stage calls the same ``fit``
+/ ``transform`` / ``predict`` on whatever :class:`LearnBackend` builds. Which backend a job gets is
+decided in :mod:`rapids_attn.devices`, the only module that looks at CUDA.
 """
 
-from rapids_attn.backends.learn import LearnBackend, cuda_device_count, resolve_learn_backend
+from rapids_attn.backends.learn import LearnBackend
 
-__all__ = ["LearnBackend", "cuda_device_count", "resolve_learn_backend"]
+__all__ = ["LearnBackend"]

@@ -1,28 +1,17 @@
-"""Estimator factories and array handling for the CPU (scikit-learn) and GPU (cuML) backends."""
+"""Estimator factories and array handling for the CPU (scikit-learn) and GPU (cuML) backends.
+
+Which backend a job gets is decided once, in :func:`rapids_attn.devices.resolve_devices`; this
+module only builds estimators and moves arrays for the backend it is given.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rapids_attn.errors import BackendUnavailableError
-
-
-def cuda_device_count() -> int:
-    """GPUs visible to this process, without initialising CUDA in a way that breaks forking."""
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
-def _cuml_available() -> bool:
-    return importlib.util.find_spec("cuml") is not None and importlib.util.find_spec("cupy") is not None
 
 
 @dataclass
@@ -127,20 +116,3 @@ class LearnBackend:
             if len(np.unique(labels)) < 2:
                 return None
         return float(silhouette_score(x, labels))
-
-
-def resolve_learn_backend(pref: str) -> LearnBackend:
-    """``auto``: cuML when it is importable and a GPU is visible, else scikit-learn (saying why)."""
-    if pref == "cpu":
-        return LearnBackend("sklearn", "runtime.learn_backend is cpu")
-    has_gpu = cuda_device_count() > 0
-    has_cuml = _cuml_available()
-    if has_gpu and has_cuml:
-        import cupy
-
-        return LearnBackend("cuml", f"cuML on {cuda_device_count()} visible GPU(s)", xp=cupy)
-    if pref == "gpu":
-        missing = "no CUDA device is visible" if not has_gpu else "cuML is not installed (pip install 'rapids_attn[gpu]')"
-        raise BackendUnavailableError(f"runtime.learn_backend: gpu requested but {missing}; set it to auto or cpu")
-    why = "no CUDA device" if not has_gpu else "cuML not installed"
-    return LearnBackend("sklearn", f"scikit-learn ({why})")

@@ -1,0 +1,207 @@
+"""The one module that looks at CUDA: where each part of a job runs, decided once, in preflight.
+
+:func:`resolve_devices` turns the job's device settings (``extract.device``, ``model.dtype``,
+``embed.precision``, ``runtime.learn_backend``, ``runtime.cluster``) into a frozen
+:class:`DevicePlan` before any worker starts. Stages receive the plan and never ask CUDA
+themselves:
+
+- **extract**: the device the model and the embedder run on (``cpu``, ``cuda``, or ``worker``:
+  each worker of an existing scheduler uses CUDA if it sees a GPU, which only the worker can know),
+  the model's dtype and the embedder's precision. Workers resolve ``worker`` through
+  :meth:`ExtractDevices.on_this_worker`, which applies the same rules.
+- **learn**: cuML on CuPy arrays or scikit-learn on NumPy arrays (:class:`LearnBackend`), and
+  whether the fit is spread over several GPU workers (``cuml.dask``).
+
+The rules live here once: ``int8`` embedding runs on the CPU only; ``auto`` precision and dtype
+mean float16 on a GPU and float32 on the CPU; ``learn_backend: auto`` means cuML when it is
+importable and a GPU is visible. Nothing here imports cupy, cuml or dask_cuda unless a GPU backend
+is chosen.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Literal
+
+from rapids_attn.backends.learn import LearnBackend
+from rapids_attn.errors import BackendUnavailableError, JobConfigError
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to this process (0 without CUDA or without a working driver)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _cuml_available() -> bool:
+    return importlib.util.find_spec("cuml") is not None and importlib.util.find_spec("cupy") is not None
+
+
+def _int8_on(device: str) -> None:
+    if device != "cpu":
+        raise JobConfigError(
+            "embed.precision: int8 runs on the CPU only and extraction would run on a GPU; "
+            "use precision: auto (float16 on a GPU) or extract.device: cpu"
+        )
+
+
+@dataclass(frozen=True)
+class ExtractDevices:
+    """Where a worker runs the model and the embedder. Small and picklable: it travels with each task."""
+
+    device: Literal["cpu", "cuda", "worker"]
+    #: model.dtype as set: ``auto`` is float16 on a GPU, float32 on the CPU
+    model_dtype: str = "auto"
+    #: embed.precision as set: ``auto`` (float16 on a GPU, float32 on the CPU), ``float32`` or ``int8``
+    embed_precision: str = "auto"
+
+    def on_this_worker(self) -> ResolvedDevices:
+        """The concrete device (``cpu`` or ``cuda:N``) and dtypes for the process that calls it."""
+        gpu = self.device != "cpu" and cuda_device_count() > 0
+        if self.device == "cuda" and not gpu:
+            raise BackendUnavailableError("extract.device: cuda, but this worker sees no CUDA device; use auto or cpu")
+        if self.embed_precision == "int8" and gpu:
+            _int8_on("cuda")
+        dev = "cpu"
+        if gpu:
+            import torch
+
+            dev = f"cuda:{torch.cuda.current_device()}"
+        model_dtype = ("float16" if gpu else "float32") if self.model_dtype == "auto" else self.model_dtype
+        precision = self.embed_precision
+        if precision == "auto":
+            precision = "float16" if gpu else "float32"
+        return ResolvedDevices(dev, model_dtype, precision)
+
+
+@dataclass(frozen=True)
+class ResolvedDevices:
+    """One process's devices: ``device`` is ``cpu`` or ``cuda:N``; dtypes are torch dtype names."""
+
+    device: str
+    model_dtype: str
+    #: ``float16``, ``float32`` or ``int8``
+    embed_precision: str
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Everything about devices that the stages need, resolved once in preflight."""
+
+    extract: ExtractDevices
+    #: None when the job runs no learn stage
+    learn: LearnBackend | None
+    #: fit PCA and KMeans with cuml.dask across the GPU workers (the learn stage keeps the cluster)
+    multi_gpu_learn: bool
+    #: GPUs visible to the job process
+    n_gpus: int
+
+    def describe(self) -> dict:
+        return {
+            "extract_device": self.extract.device,
+            "learn": None if self.learn is None else self.learn.name,
+            "learn_reason": None if self.learn is None else self.learn.reason,
+            "multi_gpu_learn": self.multi_gpu_learn,
+            "gpus_visible": self.n_gpus,
+        }
+
+
+def resolve_learn_backend(pref: str, n_gpus: int | None = None) -> LearnBackend:
+    """``auto``: cuML when it is importable and a GPU is visible, else scikit-learn (saying why)."""
+    if pref == "cpu":
+        return LearnBackend("sklearn", "runtime.learn_backend is cpu")
+    n_gpus = cuda_device_count() if n_gpus is None else n_gpus
+    has_cuml = _cuml_available()
+    if n_gpus > 0 and has_cuml:
+        import cupy
+
+        return LearnBackend("cuml", f"cuML on {n_gpus} visible GPU(s)", xp=cupy)
+    if pref == "gpu":
+        missing = "no CUDA device is visible" if n_gpus == 0 else "cuML is not installed (pip install 'rapids_attn[gpu]')"
+        raise BackendUnavailableError(f"runtime.learn_backend: gpu requested but {missing}; set it to auto or cpu")
+    why = "no CUDA device" if n_gpus == 0 else "cuML not installed"
+    return LearnBackend("sklearn", f"scikit-learn ({why})")
+
+
+def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...]) -> DevicePlan:
+    """The job's sections -> a :class:`DevicePlan`; a setting this machine cannot honour is a
+    one-line error here, before any worker starts."""
+    n_gpus = cuda_device_count()
+    if extract.device == "cpu":
+        device = "cpu"
+    elif runtime.cluster == "scheduler" and extract.device == "auto":
+        device = "worker"  # workers of another machine: only they know whether they see a GPU
+    elif extract.device == "cuda" or n_gpus > 0 or runtime.cluster == "local-cuda":
+        device = "cuda"
+    else:
+        device = "cpu"
+    if embed.precision == "int8" and device == "cuda":
+        _int8_on("cuda")
+    if extract.device == "cuda" and runtime.cluster != "scheduler" and n_gpus == 0:
+        raise BackendUnavailableError("extract.device: cuda, but no CUDA device is visible; use auto or cpu")
+    learn = resolve_learn_backend(runtime.learn_backend, n_gpus) if "learn" in stages else None
+    multi = False
+    if learn is not None and learn.gpu:
+        if runtime.cluster == "local-cuda":
+            multi = (runtime.n_workers or n_gpus) > 1
+        elif runtime.cluster == "scheduler":
+            multi = True  # decided again at fit time from the GPU workers that joined
+    return DevicePlan(ExtractDevices(device, model.dtype, embed.precision), learn, multi, n_gpus)
+
+
+def count_gpu_workers(client) -> int:
+    """Distinct GPUs among the Dask workers (each worker counts the GPU it runs on once)."""
+    if client is None:
+        return 0
+
+    def _gpu_id() -> str | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        i = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(i)
+        return str(getattr(props, "uuid", f"{i}"))
+
+    try:
+        ids = client.run(_gpu_id)
+    except Exception:
+        return 0
+    return len({v for v in ids.values() if v is not None})
+
+
+def empty_device_cache() -> None:
+    """Give PyTorch's cached GPU blocks back (a no-op without CUDA), e.g. after a worker drops its model."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+def machine_description() -> dict:
+    """The job process's host, Python, PyTorch and GPUs, for summary.json."""
+    import os
+    import platform
+
+    info = {"host": platform.node(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        pass
+    return info
