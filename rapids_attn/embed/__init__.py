@@ -1,9 +1,10 @@
-"""Map embedders: turn [N, S, S] attention images into [N, dim] feature vectors.
+"""Map embedders: turn each attention map into a feature vector.
 
-``pooled`` is the honest baseline (the area-pooled map, flattened). Any torchvision classification
-model (``resnet18``, ``resnet50``, ...) gives its penultimate layer. Use :func:`build_embedder`.
+``pattern-cnn`` (the default) is the attention-pattern CNN shipped with the package; ``pooled`` is
+the honest baseline (the area-pooled map, flattened); any torchvision classification model
+(``resnet18``, ``resnet50``, ...) gives its penultimate layer. Use :func:`build_embedder`.
 """
 
-from rapids_attn.embed.base import Embedder, build_embedder
+from rapids_attn.embed.base import Embedder, Embedding, ImageEmbedder, build_embedder
 
-__all__ = ["Embedder", "build_embedder"]
+__all__ = ["Embedder", "Embedding", "ImageEmbedder", "build_embedder"]

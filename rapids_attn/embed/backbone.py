@@ -14,6 +14,7 @@ ResNet-50 at 224 2.4x faster than float32, with features at cosine > 0.999 to fl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rapids_attn.embed.base import Embedder
+from rapids_attn.embed.base import ImageEmbedder
 from rapids_attn.errors import JobConfigError
 
 log = logging.getLogger(__name__)
@@ -151,42 +152,59 @@ def quantize_int8(net: torch.nn.Module, calibration: torch.Tensor, chunk: int = 
             f"embed.precision: int8 needs PyTorch's oneDNN quantized engine, which this build lacks "
             f"(engines: {', '.join(torch.backends.quantized.supported_engines)}); use precision: float32"
         )
-    torch.backends.quantized.engine = "onednn"  # process-wide; the other engines are slower here
-    # torch.ao.quantization and quantized tensors carry deprecation notices (their successor,
-    # torchao's PT2E flow, does not run on this PyTorch's exported ResNets): known, not the user's concern
-    warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated.*")
-    warnings.filterwarnings("ignore", message=r".*quantized tensor creation functions.*deprecated.*")
-    warnings.filterwarnings("ignore", message=r".*reduce_range of false.*")  # the default's; ours is 7-bit
     qconfig = QConfig(activation=HistogramObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=127),
                       weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
     mapping = get_default_qconfig_mapping("onednn").set_global(qconfig)
-    prepared = prepare_fx(net.eval(), mapping, example_inputs=(calibration[:1],))
-    with torch.inference_mode():
-        for part in calibration.split(chunk):
-            prepared(part)
-    return convert_fx(prepared)
+    with onednn_engine(), _quiet_quantization():
+        prepared = prepare_fx(net.eval(), mapping, example_inputs=(calibration[:1],))
+        with torch.inference_mode():
+            for part in calibration.split(chunk):
+                prepared(part)
+        return convert_fx(prepared)
 
 
-class BackboneEmbedder(Embedder):
+@contextlib.contextmanager
+def onednn_engine():
+    """PyTorch's quantized engine is one process-wide setting: use oneDNN's kernels (the fastest
+    here) while quantizing and running the int8 network, and put the caller's engine back after."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "onednn"
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+@contextlib.contextmanager
+def _quiet_quantization():
+    """torch.ao.quantization and quantized tensors carry deprecation notices (their successor,
+    torchao's PT2E flow, does not run on this PyTorch's exported ResNets): known, not the user's
+    concern, so they are silenced here only, not for the process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated.*")
+        warnings.filterwarnings("ignore", message=r".*quantized tensor creation functions.*deprecated.*")
+        warnings.filterwarnings("ignore", message=r".*reduce_range of false.*")  # the default's; ours is 7-bit
+        yield
+
+
+class BackboneEmbedder(ImageEmbedder):
     def __init__(self, name: str, weights: str, input_size: int, batch_size: int, device: str = "cpu",
-                 precision: str = "auto", image_size: int = 32, prepare: bool = True):
-        """``precision``: auto (float16 on CUDA, float32 on CPU), float32, or int8 (CPU only).
+                 precision: str = "float32", image_size: int = 32, prepare: bool = True):
+        """``precision``: float32, float16 or int8, as the device plan resolved it (int8 only ever
+        on the CPU: :mod:`rapids_attn.devices` refuses it on a GPU before any worker starts).
         ``image_size`` is the side of the maps it will be given (int8 calibrates at it);
         ``prepare=False`` skips the int8 calibration (preflight only checks that the network loads)."""
+        super().__init__()
         net, dim = _strip_head(_build_network(name, weights))
         self.name = name
         self.dim = dim
         self.input_size = input_size
         self.batch_size = batch_size
         self.device = torch.device(device)
-        if precision == "int8" and self.device.type != "cpu":
-            raise JobConfigError(
-                f"embed.precision: int8 runs on the CPU only, but this worker embeds on {self.device}; "
-                "use precision: auto (float16 on a GPU) or extract.device: cpu"
-            )
-        self.dtype = torch.float16 if self.device.type == "cuda" and precision == "auto" else torch.float32
+        self.int8 = precision == "int8"
+        self.dtype = torch.float16 if precision == "float16" else torch.float32
         net = net.eval()
-        if precision != "int8":  # (int8 folds batch norms itself while quantizing)
+        if not self.int8:  # (int8 folds batch norms itself while quantizing)
             net = _fold_batch_norms(net)
         # channels-last is oneDNN's and cuDNN's fast layout for convolutions (`python -m
         # rapids_attn.bench.cnn`: ResNet-50 at 224 on 2 CPU cores, 14.3 -> 17.2 maps/s; with the
@@ -199,7 +217,7 @@ class BackboneEmbedder(Embedder):
         self.chunk = max(1, min(batch_size, budget // (input_size * input_size)))
         self.mean = torch.tensor(_MEAN, device=self.device, dtype=self.dtype).view(1, 3, 1, 1)
         self.std = torch.tensor(_STD, device=self.device, dtype=self.dtype).view(1, 3, 1, 1)
-        if precision == "int8" and prepare:
+        if self.int8 and prepare:
             from rapids_attn.patterns.generator import generate_features
 
             seed, count = CALIBRATION
@@ -218,6 +236,10 @@ class BackboneEmbedder(Embedder):
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         # images: [N, S, S] -> [N, dim]
         # flatten: some heads (ConvNeXt's) hold the flatten that turns [N, C, 1, 1] into [N, C]
-        out = [self.net(self._prepare(images[start:start + self.chunk])).float().flatten(1)
-               for start in range(0, images.shape[0], self.chunk)]
+        with contextlib.ExitStack() as scope:
+            if self.int8:
+                scope.enter_context(onednn_engine())
+                scope.enter_context(_quiet_quantization())
+            out = [self.net(self._prepare(images[start:start + self.chunk])).float().flatten(1)
+                   for start in range(0, images.shape[0], self.chunk)]
         return torch.cat(out) if out else torch.zeros(0, self.dim, device=self.device)

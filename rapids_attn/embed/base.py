@@ -1,8 +1,21 @@
-"""Embedder interface and factory."""
+"""The embedder interface and factory.
+
+An embedder turns each map into a feature vector. Every embedder implements one method,
+:meth:`Embedder.embed`, which receives all three things the pipeline keeps for a map (the
+area-resized image, the full-resolution offset profile and the scalar stats) and returns an
+:class:`Embedding`: the features, plus any extra per-map outputs it declares in ``outputs``
+(name -> store dtype, each an array of :mod:`rapids_attn.store.schema`), e.g. the pattern CNN's
+predicted type. Embedders that read only the image derive from :class:`ImageEmbedder` and implement
+``__call__(images)``.
+
+Where an embedder runs and at which precision is decided by :mod:`rapids_attn.devices`;
+:func:`build_embedder` receives the result.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -10,34 +23,47 @@ import torch.nn.functional as F
 from rapids_attn.errors import JobConfigError
 
 
-class Embedder:
-    """Callable on [N, S, S] float maps (any device); returns [N, dim] float32 on the same device.
+class Embedding(NamedTuple):
+    features: torch.Tensor  # [N, dim] float32, on the device of the images
+    extras: dict[str, torch.Tensor]  # name -> [N], one per entry of Embedder.outputs
 
-    ``embed`` is what the pipeline calls: it also receives each map's full-resolution offset
-    profile [N, P] and stats [N, K], and returns extra per-map outputs named in ``outputs``
-    (name -> store dtype), e.g. a predicted pattern type and its probability.
-    """
 
-    dim: int
+class Embedder(ABC):
+    """Maps -> features. Subclasses set ``name`` and ``dim`` in ``__init__``."""
+
     name: str
-    outputs: dict[str, str] = {}
-    #: attributes recorded in the store (e.g. the class names of a predicted pattern).
-    store_attrs: dict = {}
+    dim: int
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
-        raise NotImplementedError
+    def __init__(self) -> None:
+        #: extra per-map outputs (schema array name -> store dtype), e.g. pattern and pattern_prob
+        self.outputs: dict[str, str] = {}
+        #: root attributes the embedder records in the store (e.g. the pattern class names)
+        self.store_attrs: dict = {}
 
-    def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor):
-        return self(images), {}
+    @abstractmethod
+    def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
+        """images [N, S, S], profile [N, P], stats [N, K] -> :class:`Embedding`."""
 
 
-class PooledEmbedder(Embedder):
+class ImageEmbedder(Embedder):
+    """An embedder that reads the image only: ``self(images)`` -> [N, dim] features."""
+
+    @abstractmethod
+    def __call__(self, images: torch.Tensor) -> torch.Tensor: ...
+
+    def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
+        return Embedding(self(images), {})
+
+
+class PooledEmbedder(ImageEmbedder):
     """The area-pooled map, flattened: dim = pooled_size ** 2. No learned weights at all."""
 
     def __init__(self, image_size: int, pooled_size: int):
+        super().__init__()
         if pooled_size > image_size:
             raise JobConfigError(
-                f"embed.pooled_size: {pooled_size} is larger than extract.image_size {image_size}; set it to {image_size} or less"
+                f"embed.pooled_size: {pooled_size} is larger than extract.image_size {image_size}; "
+                f"set it to {image_size} or less"
             )
         self.name = "pooled"
         self.pooled_size = pooled_size
@@ -49,45 +75,18 @@ class PooledEmbedder(Embedder):
         return pooled.flatten(1)
 
 
-class PatternCNNEmbedder(Embedder):
-    """The attention-pattern CNN shipped with the package (``embed.name: pattern-cnn``): its
-    penultimate layer as features, plus the predicted pattern type and its probability per map."""
-
-    def __init__(self, device: str = "cpu", batch_size: int = 4096, precision: str = "auto"):
-        import hashlib
-
-        from rapids_attn.embed.pattern import PatternEmbedder
-        from rapids_attn.patterns.cnn import WEIGHTS_DIR
-
-        try:
-            self.net = PatternEmbedder(device=device, batch_size=batch_size,
-                                       dtype=torch.float32 if precision == "float32" else None)
-        except FileNotFoundError as e:
-            raise JobConfigError(
-                f"embed.name: pattern-cnn weights are missing ({e}); reinstall rapids_attn or retrain them with "
-                "python -m rapids_attn.patterns.train"
-            ) from None
-        self.name = "pattern-cnn"
-        self.dim = self.net.dim
-        self.outputs = {"pattern": "int8", "pattern_prob": "float16"}
-        weights = Path(WEIGHTS_DIR) / "pattern_cnn.safetensors"
-        # the weights' hash is part of the store's layout: new weights make a different store
-        self.store_attrs = {"pattern_classes": list(self.net.classes),
-                            "pattern_cnn_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()[:16]}
-
-    def embed(self, images, profile, stats):
-        feats, pattern, prob = self.net(images, profile, stats)
-        return feats, {"pattern": pattern, "pattern_prob": prob}
-
-
-def build_embedder(cfg, image_size: int, device: str = "cpu", prepare: bool = True) -> Embedder:
-    """``cfg`` is the job's EmbedConfig. Raises JobConfigError for an unknown name or bad weights.
+def build_embedder(cfg, image_size: int, device: str = "cpu", precision: str = "float32",
+                   prepare: bool = True) -> Embedder:
+    """``cfg`` is the job's EmbedConfig; ``device`` and ``precision`` (``float32``, ``float16`` or
+    ``int8``) come from the device plan. Raises JobConfigError for an unknown name or bad weights.
     ``prepare=False`` (preflight) loads and checks without the one-off int8 calibration."""
     if cfg.name == "pooled":
         return PooledEmbedder(image_size, cfg.pooled_size)
     if cfg.name == "pattern-cnn":
-        return PatternCNNEmbedder(device, cfg.batch_size, cfg.precision)
+        from rapids_attn.embed.pattern import PatternCNNEmbedder
+
+        return PatternCNNEmbedder(device, cfg.batch_size, precision)
     from rapids_attn.embed.backbone import BackboneEmbedder
 
     return BackboneEmbedder(cfg.name, cfg.weights, cfg.input_size, cfg.batch_size, device,
-                            precision=cfg.precision, image_size=image_size, prepare=prepare)
+                            precision=precision, image_size=image_size, prepare=prepare)

@@ -1,51 +1,64 @@
-"""The attention-pattern CNN as a map embedder (docs/pattern-cnn.md).
+"""The attention-pattern CNN as a map embedder (``embed.name: pattern-cnn``; docs/pattern-cnn.md).
 
 Unlike the image-only embedders, it reads all three things the pipeline keeps for a map: the
 area-resized image, the full-resolution offset profile and the scalar signature. It returns the
-network's penultimate layer (the features that are reduced and clustered), the predicted pattern
-type and that type's probability.
+network's penultimate layer (the features that are reduced and clustered) and, as extra per-map
+outputs, the predicted pattern type and that type's probability (store arrays ``pattern`` and
+``pattern_prob``; the class names and the weights' hash are store attributes)::
 
-    emb = PatternEmbedder("cpu")
-    features, pattern, prob = emb(images, profile, stats)   # [N, dim], [N], [N]
-    emb.classes[pattern[0]]                                  # e.g. "prev"
+    emb = PatternCNNEmbedder("cpu")
+    features, extras = emb.embed(images, profile, stats)   # [N, dim]; extras["pattern"] [N]
+    emb.classes[int(extras["pattern"][0])]                  # e.g. "prev"
 
 Images of another size than the network's (32) are area-resized with the pipeline's ``area_resize``.
-Runs batched under ``torch.inference_mode``, in half precision on CUDA. Outputs are on the device
-of ``images``.
+Runs batched under ``torch.inference_mode``; outputs are on the device of ``images``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
 
-from rapids_attn.embed.base import Embedder
+from rapids_attn.embed.base import Embedder, Embedding
+from rapids_attn.errors import JobConfigError
 from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize
+from rapids_attn.store.schema import PATTERN, PATTERN_PROB, Attr
 
 
-class PatternEmbedder(Embedder):
-    name = "pattern-cnn"
+class PatternCNNEmbedder(Embedder):
+    def __init__(self, device="cpu", batch_size: int = 4096, precision: str = "float32",
+                 weights_dir: Path | str | None = None):
+        """``precision``: ``float32`` or ``float16`` (the device plan gives float16 on a GPU)."""
+        from rapids_attn.patterns.cnn import WEIGHTS_DIR, WEIGHTS_FILE, load_pattern_cnn
 
-    def __init__(self, device="cpu", batch_size: int = 4096, weights_dir: Path | str | None = None,
-                 dtype: torch.dtype | None = None):
-        """``dtype``: None for float16 on CUDA and float32 on the CPU."""
-        from rapids_attn.patterns.cnn import load_pattern_cnn
-
+        super().__init__()
+        self.name = "pattern-cnn"
         self.device = torch.device(device)
-        self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
-        model, meta = load_pattern_cnn(self.device, weights_dir)
+        self.dtype = torch.float16 if precision == "float16" else torch.float32
+        try:
+            model, meta = load_pattern_cnn(self.device, weights_dir)
+        except FileNotFoundError as e:
+            raise JobConfigError(
+                f"embed.name: pattern-cnn weights are missing ({e}); reinstall rapids_attn"
+            ) from None
         self.model = model.to(self.dtype)
         self.meta = meta
         self.batch_size = int(batch_size)
         self.classes = tuple(meta["classes"])
         self.image_size = int(meta["image_size"])
         self.dim = int(model.embed_dim)
+        self.outputs = {PATTERN: "int8", PATTERN_PROB: "float16"}
+        weights = (Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR) / WEIGHTS_FILE.name
+        # the weights' hash is part of the store's layout: new weights make a different store
+        self.store_attrs = {Attr.PATTERN_CLASSES: list(self.classes),
+                            Attr.PATTERN_CNN_SHA: hashlib.sha256(weights.read_bytes()).hexdigest()[:16]}
 
     @torch.inference_mode()
-    def __call__(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor):
-        """images [N, S, S], profile [N, 9], stats [N, 10] -> (features [N, dim] float32,
-        pattern [N] int64 (index into ``classes``), prob [N] float32 (its softmax probability))."""
+    def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
+        """images [N, S, S], profile [N, 9], stats [N, 10] -> features [N, dim] float32, and extras
+        ``pattern`` [N] int64 (index into ``classes``) and ``pattern_prob`` [N] float32."""
         n = images.shape[0]
         if profile.shape != (n, len(PROFILE_OFFSETS)) or stats.shape != (n, len(STAT_NAMES)):
             raise ValueError(f"expected profile [{n}, {len(PROFILE_OFFSETS)}] and stats [{n}, {len(STAT_NAMES)}], "
@@ -65,7 +78,9 @@ class PatternEmbedder(Embedder):
             patterns.append(idx)
             probs.append(top)
         if not feats:
-            return (torch.zeros(0, self.dim, device=out_device), torch.zeros(0, dtype=torch.long, device=out_device),
-                    torch.zeros(0, device=out_device))
-        return (torch.cat(feats).to(out_device), torch.cat(patterns).to(out_device, torch.long),
-                torch.cat(probs).to(out_device, torch.float32))
+            return Embedding(torch.zeros(0, self.dim, device=out_device),
+                             {PATTERN: torch.zeros(0, dtype=torch.long, device=out_device),
+                              PATTERN_PROB: torch.zeros(0, device=out_device)})
+        return Embedding(torch.cat(feats).to(out_device),
+                         {PATTERN: torch.cat(patterns).to(out_device, torch.long),
+                          PATTERN_PROB: torch.cat(probs).to(out_device, torch.float32)})

@@ -7,7 +7,6 @@ and no batch is padded to the longest input of the dataset.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from rapids_attn.data.example import Example
@@ -49,8 +48,6 @@ def _encode(tokenizer, examples: list[Example], truncation: bool, max_length: in
 def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
     """Tokenize with the model's special tokens; inputs over ``max_length`` are truncated (longest
     segment first, so a SQuAD context is cut before its question) and flagged."""
-    # silence "Token indices sequence length is longer than the specified maximum" for the full pass
-    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
     full, types = _encode(tokenizer, examples, truncation=False, max_length=None)
     long = [i for i, ids in enumerate(full) if len(ids) > max_length]
     if long:

@@ -96,14 +96,6 @@ def describe_model(cfg) -> ModelInfo:
     return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision)
 
 
-def _torch_dtype(name: str, device: str):
-    import torch
-
-    if name == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, name)
-
-
 def load_tokenizer(cfg):
     from transformers import AutoTokenizer
 
@@ -115,6 +107,10 @@ def load_tokenizer(cfg):
     # Right padding keeps every example's real tokens at positions 0..n-1, so cropping a map to
     # [:n, :n] removes padding exactly, for encoders and causal decoders alike.
     tok.padding_side = "right"
+    # tokenize() reads every input in full first, to flag the ones it then truncates: the
+    # tokenizer's "longer than the specified maximum" notice is expected there. Silenced on this
+    # tokenizer only (its own once-only flag), not through the process-wide transformers logger.
+    tok.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
         if tok.pad_token is None:
@@ -122,12 +118,12 @@ def load_tokenizer(cfg):
     return tok
 
 
-def load_model(cfg, device: str):
-    """Load the weights with eager attention, in eval mode, on ``device``."""
+def load_model(cfg, device: str, dtype: str):
+    """Load the weights with eager attention, in eval mode, on ``device`` in ``dtype`` (a torch
+    dtype name; the device plan resolves ``model.dtype: auto``)."""
+    import torch
     from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # one bar per worker per shard is noise; the client shows progress
     source = resolve_model_name(cfg.name)
     try:
         model = AutoModel.from_pretrained(
@@ -135,7 +131,7 @@ def load_model(cfg, device: str):
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
             attn_implementation="eager",
-            dtype=_torch_dtype(cfg.dtype, device),
+            dtype=getattr(torch, dtype),
         )
     except (OSError, ValueError) as e:
         raise ModelError(f"model.name: cannot load the weights of '{cfg.name}': {str(e).splitlines()[0]}") from None

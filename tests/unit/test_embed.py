@@ -215,9 +215,8 @@ def test_int8_calibration_is_the_same_in_every_worker(resnet18_fp32_int8):
     assert torch.equal(int8(x), other(x))
 
 
-def test_int8_is_cpu_only_and_for_backbones_only(tmp_path):
-    with pytest.raises(JobConfigError, match=r"embed\.precision: int8 runs on the CPU only"):
-        BackboneEmbedder("resnet18", "random", input_size=32, batch_size=8, device="cuda", precision="int8")
+def test_int8_is_for_backbones_only(tmp_path):
+    # (int8 on a GPU is refused by the device plan: tests/unit/test_devices.py)
     with pytest.raises(ValueError, match="precision int8 applies to torchvision backbones"):
         EmbedConfig(name="pattern-cnn", precision="int8")
     with pytest.raises(ValueError, match="precision int8 applies to torchvision backbones"):
@@ -225,7 +224,8 @@ def test_int8_is_cpu_only_and_for_backbones_only(tmp_path):
 
 
 def test_preflight_skips_the_int8_calibration():
-    emb = build_embedder(EmbedConfig(name="resnet18", weights="random", precision="int8"), image_size=8, prepare=False)
+    emb = build_embedder(EmbedConfig(name="resnet18", weights="random", precision="int8"), image_size=8,
+                         precision="int8", prepare=False)
     assert not any(type(m).__module__.startswith("torch.ao.nn") for m in emb.net.modules())
 
 

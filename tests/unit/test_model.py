@@ -93,7 +93,7 @@ def test_describe_tiny_gpt2(tiny_gpt2_dir):
 
 def test_load_tiny_models_eager_and_right_padded(tiny_llama_dir):
     cfg = ModelConfig(name=str(tiny_llama_dir))
-    model = load_model(cfg, "cpu")
+    model = load_model(cfg, "cpu", "float32")
     assert model.config._attn_implementation == "eager"
     assert not model.training
     assert next(model.parameters()).dtype == torch.float32  # dtype auto on CPU
@@ -138,9 +138,9 @@ def test_hub_id_described_and_loaded_offline(fake_hub, tiny_bert_dir):
     info = describe_model(cfg)
     assert (info.source, info.model_type, info.n_layers, info.n_heads, info.max_length) == \
         ("testorg/tiny-bert", "bert", 2, 2, 128)
-    model = load_model(cfg, "cpu")
+    model = load_model(cfg, "cpu", "float32")
     assert model.config.num_hidden_layers == 2
-    ref = load_model(ModelConfig(name=str(tiny_bert_dir)), "cpu")
+    ref = load_model(ModelConfig(name=str(tiny_bert_dir)), "cpu", "float32")
     for (k, a), (_, b) in zip(model.state_dict().items(), ref.state_dict().items()):
         assert torch.equal(a, b), k
     tok = load_tokenizer(cfg)
@@ -153,5 +153,5 @@ def test_uncached_hub_id_offline_fails_with_advice(fake_hub):
         describe_model(cfg)
     assert str(err.value).startswith("model.name: cannot load 'testorg/not-cached'")
     with pytest.raises(ModelError, match="model.name: cannot load the weights of 'testorg/not-cached'"):
-        load_model(cfg, "cpu")
+        load_model(cfg, "cpu", "float32")
     assert os.environ["HF_HUB_OFFLINE"] == "1"
