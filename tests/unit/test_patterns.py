@@ -243,7 +243,7 @@ def test_reproduces_the_recorded_heldout_accuracy(shipped):
 def test_training_is_deterministic(tmp_path):
     from rapids_attn.embed.pattern import PatternEmbedder
     from rapids_attn.patterns.cnn import load_pattern_cnn
-    from rapids_attn.patterns.train import train
+    from tools.pattern_cnn.train import train
 
     kw = dict(seed=3, n_train=300, epochs=1, n_heldout=50, workers=1, log=lambda *_: None)
     m1, meta = train(out=tmp_path / "a", **kw)
@@ -259,7 +259,7 @@ def test_training_is_deterministic(tmp_path):
 def test_planted_clusters_through_the_learn_stage(tmp_path):
     from sklearn.metrics import adjusted_rand_score
 
-    from rapids_attn.patterns.evaluate import cluster_with_pipeline
+    from tools.pattern_cnn.evaluate import cluster_with_pipeline
 
     rng = np.random.default_rng(0)
     truth = rng.integers(0, 4, 300)
@@ -270,7 +270,7 @@ def test_planted_clusters_through_the_learn_stage(tmp_path):
 
 
 def test_type_figure(tmp_path):
-    from rapids_attn.patterns.evaluate import figure
+    from tools.pattern_cnn.evaluate import figure
 
     path = figure(tmp_path / "types.png", n_small=24, n_large=80)
     assert path.stat().st_size < 300_000

@@ -1,6 +1,6 @@
 """Real maps by predicted type, from a run made with ``embed.name: pattern-cnn``.
 
-``python -m rapids_attn.patterns.real_maps RUN_DIR [--png docs/img/minilm-by-type.png]`` prints a
+``python -m tools.pattern_cnn.real_maps RUN_DIR [--png docs/img/minilm-by-type.png]`` prints a
 markdown table (share of maps, mean probability, layers and heads where the type dominates) and
 draws a grid of random real thumbnails per predicted type, so a reader can judge the labels.
 """
@@ -15,6 +15,9 @@ import zarr
 
 from rapids_attn.data.probe import PROBE_GROUP
 from rapids_attn.store.zarr_store import decode_thumbnails, read_strings
+
+#: The figure of docs/pattern-cnn.md, in the checkout this file belongs to (tools/pattern_cnn/ is two below it).
+FIGURE = Path(__file__).resolve().parents[2] / "docs" / "img" / "minilm-by-type.png"
 
 
 def summarise(run_dir: Path, per_type: int = 8, seed: int = 0):
@@ -72,9 +75,9 @@ def draw(g, picks: dict, layers, heads, out_png: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rapids_attn.patterns.real_maps", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.pattern_cnn.real_maps", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--png", type=Path, default=Path("docs/img/minilm-by-type.png"))
+    ap.add_argument("--png", type=Path, default=FIGURE)
     args = ap.parse_args(argv)
     g, rows, picks, layers, heads = summarise(args.run_dir)
     print("| predicted type | maps | share | mean prob | heads where it dominates (share of the head's maps) |")

@@ -1,6 +1,6 @@
 """Train the pattern CNN on generated maps, on the CPU.
 
-    python -m rapids_attn.patterns.train [--seed 0] [--n-train 50000] [--epochs 12] \\
+    python -m tools.pattern_cnn.train [--seed 0] [--n-train 50000] [--epochs 12] \\
         [--out rapids_attn/patterns/weights]
 
 1. generates ``--n-train`` labelled maps from stream ``seed`` and featurises them with the pipeline's
@@ -160,7 +160,7 @@ def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_d
                     "total": round(total_s, 1)},
         "machine": {"cpu_count": mp.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__},
-        "command": command or "python -m rapids_attn.patterns.train",
+        "command": command or "python -m tools.pattern_cnn.train",
     }
     if out is not None:
         w, m = save_pattern_cnn(model, meta, Path(out))
@@ -173,7 +173,7 @@ def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_d
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rapids_attn.patterns.train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.pattern_cnn.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-train", type=int, default=50000)
     p.add_argument("--epochs", type=int, default=12)
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2, help="processes generating the data")
     p.add_argument("--out", type=Path, default=WEIGHTS_DIR)
     args = p.parse_args(argv)
-    command = "python -m rapids_attn.patterns.train " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m tools.pattern_cnn.train " + " ".join(sys.argv[1:] if argv is None else argv)
     train(args.seed, args.n_train, args.epochs, args.n_heldout, args.batch_size, args.lr, 32, args.embed_dim,
           args.width, args.workers, args.out, command.strip())
     return 0

@@ -1,6 +1,6 @@
 """The numbers and the figure of docs/pattern-cnn.md.
 
-    python -m rapids_attn.patterns.evaluate [--n-planted 3000] [--planted-seed 2000] \\
+    python -m tools.pattern_cnn.evaluate [--n-planted 3000] [--planted-seed 2000] \\
         [--figure docs/img/pattern-types.png] [--json PATH]
 
 (a) the shipped network's accuracy and confusion matrix (rows true, columns predicted) on the
@@ -34,8 +34,9 @@ import torch
 from rapids_attn.extract.maps import STAT_NAMES
 from rapids_attn.patterns.cnn import load_pattern_cnn
 from rapids_attn.patterns.generator import PATTERN_TYPES, sample_map
-from rapids_attn.patterns.train import confusion, format_confusion, parallel_features, predict
+from tools.pattern_cnn.train import confusion, format_confusion, parallel_features, predict
 
+#: The repository root (tools/pattern_cnn/evaluate.py is two folders below it): the figure goes to its docs/img.
 REPO = Path(__file__).resolve().parents[2]
 FIGURE = REPO / "docs" / "img" / "pattern-types.png"
 LENGTH_BUCKETS = ((8, 16), (17, 64), (65, 256), (257, 512))
@@ -111,6 +112,11 @@ def standardise(x: np.ndarray) -> np.ndarray:
     return (x - x.mean(0)) / np.maximum(x.std(0), 1e-12)
 
 
+def _over_max(q: torch.Tensor) -> torch.Tensor:
+    """Each row divided by its maximum."""
+    return q / q.amax(1, keepdim=True)
+
+
 def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]:
     from sklearn.metrics import adjusted_rand_score
 
@@ -132,7 +138,7 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
         ("pooled + profile + stats, raw", "the same columns, not standardised (the stats' units dominate PCA)",
          lambda: torch.cat([PooledEmbedder(32, 16)(images), profile, stats], 1)),
         ("pooled / max", "the pooled image divided by its maximum (what the CNN's trunk sees)",
-         lambda: (lambda q: q / q.amax(1, keepdim=True))(PooledEmbedder(32, 16)(images))),
+         lambda: _over_max(PooledEmbedder(32, 16)(images))),
         ("profile + stats", "[profile 9, stats 10], every column standardised",
          lambda: torch.from_numpy(standardise(torch.cat([profile, stats], 1).numpy()))),
     ]
@@ -246,29 +252,29 @@ def figure(path: Path = FIGURE, n_small: int = 40, n_large: int = 300) -> Path:
 
 def markdown(result: dict) -> str:
     h = result["heldout"]
-    out = [f"### Held-out accuracy\n\n{h['accuracy']:.4f} on {h['n']} maps of stream {h['seed']} "
-           f"(recorded at training: {h['recorded_accuracy']:.4f})\n",
+    out = [(f"### Held-out accuracy\n\n{h['accuracy']:.4f} on {h['n']} maps of stream {h['seed']} "
+           f"(recorded at training: {h['recorded_accuracy']:.4f})\n"),
            "Rows true, columns predicted:\n", format_confusion(np.array(h["confusion"])), "",
            "| subset | maps | accuracy |", "|---|---|---|"]
     for name, v in {**{f"n in {k}": v for k, v in h["by_length"].items()}, **h["by_causality"]}.items():
         out.append(f"| {name} | {v['n']} | {v['accuracy']:.4f} |")
     p = result["planted"]
-    out += ["", f"### Planted types: {p['n']} maps of stream {p['seed']}, learn stage (PCA 32, KMeans k = "
-                f"{len(PATTERN_TYPES)}, seed 0)\n",
+    out += ["", (f"### Planted types: {p['n']} maps of stream {p['seed']}, learn stage (PCA 32, KMeans k = "
+                f"{len(PATTERN_TYPES)}, seed 0)\n"),
             "| embedder | input | dim | ARI vs true type | silhouette |", "|---|---|---|---|---|"]
     for r in p["rows"]:
         sil = f"{r['silhouette']:.3f}" if r["silhouette"] is not None else "-"
         out.append(f"| {r['embedder']} | {r['input']} | {r['dim']} | **{r['ari']:.3f}** | {sil} |")
     if "baselines" in result:
-        out += ["", f"### Supervised baselines (fitted on {result['baselines'][0]['n_train']} training maps, "
-                    "scored on the held-out set)\n", "| inputs | classifier | held-out accuracy |", "|---|---|---|"]
+        out += ["", (f"### Supervised baselines (fitted on {result['baselines'][0]['n_train']} training maps, "
+                    "scored on the held-out set)\n"), "| inputs | classifier | held-out accuracy |", "|---|---|---|"]
         for r in result["baselines"]:
             out.append(f"| {r['inputs']} | {r['model']} | {r['accuracy']:.4f} |")
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rapids_attn.patterns.evaluate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.pattern_cnn.evaluate", description=__doc__.split("\n\n")[0])
     p.add_argument("--n-planted", type=int, default=3000)
     p.add_argument("--planted-seed", type=int, default=2000)
     p.add_argument("--n-heldout", type=int, default=None, help="default: the recorded held-out set")
