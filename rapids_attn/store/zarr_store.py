@@ -8,12 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from zarr.codecs import ZstdCodec
 
 from rapids_attn import __version__
 from rapids_attn.errors import StoreError
+from rapids_attn.store import schema as S
+from rapids_attn.store.schema import Attr, read_strings
 
-FORMAT_VERSION = 1
+__all__ = ["StoreLayout", "create_store", "open_for_job", "inspect_store", "write_shard", "done_shards",
+           "read_strings", "encode_thumbnails", "decode_thumbnails", "complete_attr", "mark_complete", "consolidate"]
 
 
 @dataclass(frozen=True)
@@ -62,86 +64,96 @@ def decode_thumbnails(q: np.ndarray) -> np.ndarray:
     return (q.astype(np.float32) / 255.0) ** 2
 
 
-def _compressors(level: int):
-    # Plain zstd rather than Blosc: zarr's GPU work (nvCOMP codecs under zarr.config.enable_gpu)
-    # targets zstd, so the GPU learn stage can decode on the device where that codec is available.
-    return None if level == 0 else ZstdCodec(level=level)
-
-
-def _map_array(g, name, layout: StoreLayout, tail: tuple[int, ...], tail_dims: tuple[str, ...], dtype, fill=0):
+def _map_array(g, spec: S.ArraySpec, layout: StoreLayout, tail: tuple[int, ...], dtype: str | None = None):
     nl, nh = len(layout.layers), len(layout.heads)
-    return g.create_array(
-        name,
-        shape=(layout.n_examples, nl, nh, *tail),
-        chunks=(layout.shard_size, nl, nh, *tail),
-        dtype=dtype,
-        fill_value=fill,
-        compressors=_compressors(layout.compression_level),
-        dimension_names=("example", "layer", "head", *tail_dims),
-        overwrite=True,
-    )
+    return S.create_array(g, spec, (layout.n_examples, nl, nh, *tail), chunks=(layout.shard_size, nl, nh, *tail),
+                          dtype=dtype, compression_level=layout.compression_level)
 
 
 def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dict,
                  ids: list[str], groups: list[str], labels: list[str]) -> zarr.Group:
-    """Create a fresh store. The job attributes are written last: a store without them is known to
-    be an interrupted creation and is recreated rather than reused."""
-    if path.exists():
-        shutil.rmtree(path)
+    """Create a fresh store at ``path``, which must be absent or an empty folder (the caller decides,
+    through :func:`open_for_job`, what may be replaced). The package's marker attributes are written
+    first and the job attributes last: a store with the first and without the last is known to be an
+    interrupted creation of ours, and is recreated rather than reused."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise StoreError(f"{path}: exists and is not empty; refusing to write a store over it")
     g = zarr.open_group(str(path), mode="w", zarr_format=3)
+    g.attrs.update({Attr.FORMAT_VERSION: S.FORMAT_VERSION, Attr.VERSION: __version__})
     ex = layout.n_examples
-    _map_array(g, "features", layout, (layout.feature_dim,), ("feature",), layout.features_dtype)
+    _map_array(g, S.FEATURES, layout, (layout.feature_dim,), dtype=layout.features_dtype)
     if layout.thumb_size:
         t = layout.thumb_size
-        _map_array(g, "thumbnails", layout, (t, t), ("ty", "tx"), "uint8").attrs["encoding"] = "sqrt-uint8"
-    _map_array(g, "stats", layout, (len(layout.stat_names),), ("stat",), "float32", fill=np.nan)
-    _map_array(g, "detectors", layout, (len(layout.detector_names),), ("detector",), "float32", fill=np.nan)
-    _map_array(g, "profile", layout, (len(layout.profile_offsets),), ("offset",), "float16", fill=np.nan)
-    for name, dtype in layout.embed_outputs.items():
-        _map_array(g, name, layout, (), (), dtype)
-    for name, dtype in (("seq_len", "int32"), ("truncated", "bool")):
-        g.create_array(name, shape=(ex,), chunks=(layout.shard_size,), dtype=dtype, fill_value=0,
-                       dimension_names=("example",))
-    for name, values in (("example_id", ids), ("example_group", groups), ("example_label", labels)):
-        arr = g.create_array(name, shape=(ex,), chunks=(max(ex, 1),), dtype=str, dimension_names=("example",))
-        arr[:] = np.asarray(values, dtype=str)
-    g.create_array("shards_done", shape=(layout.n_shards,), chunks=(1,), dtype=bool, fill_value=False,
-                   dimension_names=("shard",))
-    g.create_array("layer", shape=(len(layout.layers),), dtype="int32", dimension_names=("layer",))[:] = layout.layers
-    g.create_array("head", shape=(len(layout.heads),), dtype="int32", dimension_names=("head",))[:] = layout.heads
-    g.create_array("stat", shape=(len(layout.stat_names),), dtype=str, dimension_names=("stat",))[:] = np.asarray(
-        layout.stat_names, dtype=str)
-    g.create_array("detector", shape=(len(layout.detector_names),), dtype=str,
-                   dimension_names=("detector",))[:] = np.asarray(layout.detector_names, dtype=str)
-    g.create_array("offset", shape=(len(layout.profile_offsets),), dtype="int32",
-                   dimension_names=("offset",))[:] = layout.profile_offsets
+        _map_array(g, S.THUMBNAILS, layout, (t, t)).attrs[Attr.ENCODING] = "sqrt-uint8"
+    _map_array(g, S.STATS, layout, (len(layout.stat_names),))
+    _map_array(g, S.DETECTORS, layout, (len(layout.detector_names),))
+    _map_array(g, S.PROFILE, layout, (len(layout.profile_offsets),))
+    for name in layout.embed_outputs:
+        _map_array(g, S.ARRAYS[name], layout, ())
+    for spec in (S.SEQ_LEN, S.TRUNCATED):
+        S.create_array(g, spec, (ex,), chunks=(layout.shard_size,))
+    for spec, values in ((S.EXAMPLE_ID, ids), (S.EXAMPLE_GROUP, groups), (S.EXAMPLE_LABEL, labels)):
+        S.create_array(g, spec, (ex,), data=values)
+    S.create_array(g, S.SHARDS_DONE, (layout.n_shards,), chunks=(1,))
+    S.create_array(g, S.LAYER, (len(layout.layers),), data=layout.layers)
+    S.create_array(g, S.HEAD, (len(layout.heads),), data=layout.heads)
+    S.create_array(g, S.STAT, (len(layout.stat_names),), data=layout.stat_names)
+    S.create_array(g, S.DETECTOR, (len(layout.detector_names),), data=layout.detector_names)
+    S.create_array(g, S.OFFSET, (len(layout.profile_offsets),), data=layout.profile_offsets)
     g.attrs.update({
-        "format_version": FORMAT_VERSION,
-        "rapids_attn_version": __version__,
-        "layout": asdict(layout),
-        "model": meta,
-        "extract_complete": False,
-        "learn_complete": False,
+        Attr.LAYOUT: asdict(layout),
+        Attr.MODEL: meta,
+        complete_attr("extract"): False,
+        complete_attr("learn"): False,
         **layout.embed_attrs,
     })
-    g.attrs["job"] = job
-    g.attrs["extraction_key"] = key  # last: its presence marks a complete creation
+    g.attrs[Attr.JOB] = job
+    g.attrs[Attr.EXTRACTION_KEY] = key  # last: its presence marks a complete creation
     return g
 
 
+def complete_attr(stage: str) -> str:
+    """The root attribute a stage sets when every array it provides is written (``extract_complete``, ...)."""
+    return f"{stage}_complete"
+
+
+def _unreadable(path: Path, e: BaseException) -> StoreError:
+    what = type(e).__name__
+    detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    return StoreError(
+        f"{path}: cannot read the store ({what}{': ' + detail if detail else ''}); nothing was changed. "
+        "Fix its permissions or files, or set output.dir to a new run directory"
+    )
+
+
 def inspect_store(path: Path, key: str, layout: StoreLayout) -> str:
-    """What is at ``path``, without changing it: "absent", "partial" (an interrupted creation: no
-    shard in it was ever marked done), "same" (this job's store) or "different" (another job's)."""
-    if not path.exists():
-        return "absent"
+    """What is at ``path``, without changing it: "absent" (nothing, or an empty folder), "partial"
+    (an interrupted creation of ours: no shard in it was ever marked done), "same" (this job's
+    store) or "different" (another job's). Anything else is an error that names it and deletes
+    nothing: a store that cannot be read (permissions, a corrupt ``zarr.json``, a newer format), or a
+    folder that is not a rapids_attn store."""
+    try:
+        if not path.exists():
+            return "absent"
+        if path.is_dir() and not any(path.iterdir()):
+            return "absent"
+    except OSError as e:
+        raise _unreadable(path, e) from None
+    if not (path / "zarr.json").is_file():
+        raise StoreError(f"{path}: exists but is not a Zarr store made by rapids_attn; move it away or set output.dir "
+                         "to a new run directory (nothing was changed)")
     try:
         g = zarr.open_group(str(path), mode="r")
-        old_key = g.attrs.get("extraction_key")
-    except Exception:
-        return "partial"
+        attrs = dict(g.attrs)
+    except Exception as e:  # permissions, corrupt JSON, an unknown zarr format: say so, never delete
+        raise _unreadable(path, e) from None
+    if Attr.FORMAT_VERSION not in attrs and Attr.EXTRACTION_KEY not in attrs:
+        raise StoreError(f"{path}: is a Zarr store, but not one made by rapids_attn; move it away or set output.dir "
+                         "to a new run directory (nothing was changed)")
+    old_key = attrs.get(Attr.EXTRACTION_KEY)
     if old_key is None:
         return "partial"
-    return "same" if old_key == key and g.attrs.get("layout") == asdict(layout) else "different"
+    return "same" if old_key == key and attrs.get(Attr.LAYOUT) == asdict(layout) else "different"
 
 
 def foreign_store_error(path: Path) -> StoreError:
@@ -152,26 +164,27 @@ def foreign_store_error(path: Path) -> StoreError:
 
 
 def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> zarr.Group | None:
-    """The existing store if it was made by the same job and layout; None if there is none (or it is
-    an interrupted creation, or ``overwrite``; both are removed). A store from another job is refused."""
+    """The existing store if the same job and layout made it; None when a new one must be created.
+
+    Only what rapids_attn made is ever removed: an interrupted creation of ours (nothing in it was
+    marked done), or another job's store when ``overwrite`` is given. A store from another job
+    without ``overwrite``, an unreadable store and a folder that is not ours are refused."""
     state = inspect_store(path, key, layout)
     if state == "absent":
         return None
-    if overwrite or state == "partial":
+    if state == "partial" or (state == "different" and overwrite):
         shutil.rmtree(path)
         return None
     if state == "different":
         raise foreign_store_error(path)
+    if overwrite:
+        shutil.rmtree(path)
+        return None
     return zarr.open_group(str(path), mode="r+")
 
 
-def read_strings(array) -> np.ndarray:
-    """A zarr string array as a fixed-width NumPy ``str`` array (zarr returns NumPy's StringDType)."""
-    return np.asarray(array[:]).astype(object).astype(str)
-
-
 def done_shards(g: zarr.Group) -> np.ndarray:
-    return np.asarray(g["shards_done"][:], dtype=bool)
+    return np.asarray(g[S.SHARDS_DONE][:], dtype=bool)
 
 
 def write_shard(path: str, layout: StoreLayout, shard: int, arrays: dict[str, np.ndarray]) -> None:
@@ -185,17 +198,15 @@ def write_shard(path: str, layout: StoreLayout, shard: int, arrays: dict[str, np
         if value.shape[0] != stop - start:
             raise ValueError(f"shard {shard}: {name} has {value.shape[0]} rows, expected {stop - start}")
         g[name][start:stop] = value
-    g["shards_done"][shard] = True
+    g[S.SHARDS_DONE][shard] = True
 
 
-def mark_extract_complete(g: zarr.Group) -> None:
-    g.attrs["extract_complete"] = bool(done_shards(g).all())
-
-
-def mark_learn(g: zarr.Group, complete: bool, info: dict | None = None) -> None:
-    g.attrs["learn_complete"] = complete
+def mark_complete(g: zarr.Group, stage: str, complete: bool, info: dict | None = None) -> None:
+    """Set (or clear, before a stage rewrites its arrays) a stage's completion flag; ``info`` is the
+    stage's result, kept as the attribute named after the stage (e.g. ``learn``)."""
     if info is not None:
-        g.attrs["learn"] = info
+        g.attrs[stage] = info
+    g.attrs[complete_attr(stage)] = bool(complete)
 
 
 def consolidate(path: Path) -> None:
