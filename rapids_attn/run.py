@@ -33,11 +33,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    # OpenMP threads that spin-wait make scikit-learn's KMeans 30x slower whenever the cores are
-    # shared (Dask workers, other jobs): passive waiting avoids it. Set before sklearn/torch load
-    # libgomp; an explicit OMP_WAIT_POLICY in the environment wins. See docs/benchmarks.md.
+def configure_process(verbose: bool) -> None:
+    """Process-wide settings, made here and nowhere else (library code leaves the process as it found it).
+
+    - OpenMP threads that spin-wait make scikit-learn's KMeans 30x slower whenever the cores are
+      shared (Dask workers, other jobs): passive waiting avoids it. Set before sklearn/torch load
+      libgomp; an explicit OMP_WAIT_POLICY in the environment wins (docs/benchmarks.md).
+    - Hugging Face progress bars (one per worker per model load) are noise next to the job's own
+      progress bar; the variable also reaches the worker processes the job starts.
+    - Logging: warnings only, and distributed's, bokeh's and tornado's loggers quiet unless -v.
+    """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s")
+    if not verbose:
+        import distributed  # noqa: F401  (it sets its loggers' levels on import; quiet them after)
+
+        for name in ("distributed", "bokeh", "tornado"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # allow "--set a=1 b=2": trailing KEY=VALUE words after --set
@@ -46,14 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown argument {unknown[0]}; see --help", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s")
-    if not args.verbose:
-        import distributed  # noqa: F401  (it sets its loggers' levels on import; quiet them after)
-
-        for name in ("distributed", "bokeh", "tornado"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    configure_process(args.verbose)
     try:
         from rapids_attn.job import load_job
         from rapids_attn.pipeline import parse_stages, preflight, run_job
@@ -61,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_job(args.job, args.overrides + stray)
         stages = parse_stages(args.stages)
         if args.check:
-            plan = preflight(cfg, stages)
-            print(f"ok: {len(plan.examples)} examples, {len(plan.layout.layers)} layers x {len(plan.layout.heads)} heads, "
-                  f"{plan.layout.n_shards} shards, feature dim {plan.layout.feature_dim} -> {plan.run_dir}")
+            ctx = preflight(cfg, stages).ctx
+            print(f"ok: {len(ctx.examples)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} heads, "
+                  f"{ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}")
             return 0
         t0 = time.perf_counter()
         summary = run_job(cfg, stages, overwrite=args.overwrite)

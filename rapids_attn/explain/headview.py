@@ -18,6 +18,8 @@ so they work with no network. Two more changes keep the pages safe and small:
 
 from __future__ import annotations
 
+import dataclasses
+
 import html
 import logging
 import os
@@ -52,18 +54,26 @@ h1{font-size:1.25em;margin:.2em 0 .3em} .note{color:#555;font-size:.9em;max-widt
 """
 
 
+def _exemplars(v) -> list[dict]:
+    """Exemplar references as dicts: typed ``ExemplarRef``s (explain's findings) or dicts already."""
+    return [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else dict(x) for x in v or []]
+
+
 def _normalise_items(items) -> list[tuple[int, list[dict]]]:
-    """``items``: ``d["clusters"]`` (dicts with ``id`` and ``exemplar_examples``), or a mapping of cluster id
-    to a list of exemplar dicts (or to a cluster dict)."""
+    """``items``: the findings' clusters (objects with ``id`` and ``exemplar_examples``), dicts with the
+    same keys, or a mapping of cluster id to a list of exemplars (or to a cluster dict)."""
     out: list[tuple[int, list[dict]]] = []
     if isinstance(items, Mapping):
         for cid, v in items.items():
             if isinstance(v, Mapping):
                 v = v.get("exemplar_examples") or []
-            out.append((int(cid), list(v or [])))
+            out.append((int(cid), _exemplars(v)))
     else:
         for c in items or []:
-            out.append((int(c["id"]), list(c.get("exemplar_examples") or [])))
+            if isinstance(c, Mapping):
+                out.append((int(c["id"]), _exemplars(c.get("exemplar_examples"))))
+            else:
+                out.append((int(c.id), _exemplars(c.exemplar_examples)))
     return out
 
 
@@ -159,7 +169,7 @@ def write_head_views(report_dir, model_cfg, examples, items, *, all_layers: bool
 
     max_length = describe_model(model_cfg).max_length
     tokenizer = load_tokenizer(model_cfg)
-    model = load_model(model_cfg, "cpu")
+    model = load_model(model_cfg, "cpu", "float32")  # a few examples: the CPU in float32, whatever the job ran on
     cache: dict[int, tuple[list[str], tuple]] = {}
 
     def run(index: int):

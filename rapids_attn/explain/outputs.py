@@ -7,8 +7,6 @@ half-written table that looks complete.
 from __future__ import annotations
 
 import json
-import os
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rapids_attn import __version__
-from rapids_attn.store.zarr_store import read_strings
+from rapids_attn.devices import machine_description
+from rapids_attn.store import schema as S
+from rapids_attn.store.schema import Attr, read_strings
 
 
 def json_safe(obj):
@@ -40,13 +40,13 @@ def write_json(path: Path, obj: dict) -> None:
 
 def write_maps_table(g, path: Path) -> int:
     """One row per map: example index and id, group, label, layer, head, cluster, x, y, stats."""
-    feats = g["features"]
+    feats = g[S.FEATURES]
     e, nl, nh, _ = feats.shape
     rows = feats.chunks[0]
-    layers = np.asarray(g["layer"][:], dtype=np.int16)
-    heads = np.asarray(g["head"][:], dtype=np.int16)
-    stat_names = [str(s) for s in g["stat"][:]]
-    ids, groups, labels = (read_strings(g[n]).astype(object) for n in ("example_id", "example_group", "example_label"))
+    layers = np.asarray(g[S.LAYER][:], dtype=np.int16)
+    heads = np.asarray(g[S.HEAD][:], dtype=np.int16)
+    stat_names = [str(s) for s in g[S.STAT][:]]
+    ids, groups, labels = (read_strings(g[n]).astype(object) for n in (S.EXAMPLE_ID, S.EXAMPLE_GROUP, S.EXAMPLE_LABEL))
     tmp = path.with_suffix(".parquet.tmp")
     writer = None
     total = 0
@@ -62,21 +62,21 @@ def write_maps_table(g, path: Path) -> int:
                 "label": pa.array(labels[ex], pa.string()),
                 "layer": np.tile(np.repeat(layers, nh), m),
                 "head": np.tile(np.tile(heads, nl), m),
-                "cluster": np.asarray(g["cluster"][start:stop]).reshape(-1),
+                "cluster": np.asarray(g[S.CLUSTER][start:stop]).reshape(-1),
             }
-            xy = np.asarray(g["coords"][start:stop]).reshape(-1, 2)
+            xy = np.asarray(g[S.COORDS][start:stop]).reshape(-1, 2)
             cols["x"], cols["y"] = xy[:, 0], xy[:, 1]
-            st = np.asarray(g["stats"][start:stop]).reshape(-1, len(stat_names))
+            st = np.asarray(g[S.STATS][start:stop]).reshape(-1, len(stat_names))
             for i, name in enumerate(stat_names):
                 cols[name] = st[:, i]
-            if "pattern" in g:
-                classes = np.asarray(list(g.attrs.get("pattern_classes", [])) + ["?"], dtype=object)
-                pat = np.asarray(g["pattern"][start:stop]).reshape(-1).astype(np.int64)
+            if S.PATTERN in g:
+                classes = np.asarray(list(g.attrs.get(Attr.PATTERN_CLASSES, [])) + ["?"], dtype=object)
+                pat = np.asarray(g[S.PATTERN][start:stop]).reshape(-1).astype(np.int64)
                 cols["pattern"] = pa.array(classes[np.where((pat >= 0) & (pat < len(classes) - 1), pat, -1)], pa.string())
-                cols["pattern_prob"] = np.asarray(g["pattern_prob"][start:stop], dtype=np.float32).reshape(-1)
-            if "detectors" in g:
-                det = np.asarray(g["detectors"][start:stop]).reshape(m * nl * nh, -1)
-                for i, name in enumerate(str(x) for x in g["detector"][:]):
+                cols["pattern_prob"] = np.asarray(g[S.PATTERN_PROB][start:stop], dtype=np.float32).reshape(-1)
+            if S.DETECTORS in g:
+                det = np.asarray(g[S.DETECTORS][start:stop]).reshape(m * nl * nh, -1)
+                for i, name in enumerate(str(x) for x in g[S.DETECTOR][:]):
                     cols[name] = det[:, i]
             table = pa.table(cols)
             if writer is None:
@@ -90,54 +90,42 @@ def write_maps_table(g, path: Path) -> int:
     return total
 
 
-def _devices() -> dict:
-    info = {"host": platform.node(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception:
-        pass
-    return info
-
-
-def write_outputs(plan, g, runtime_desc: dict, extract_info: dict | None) -> dict:
-    """Write maps.parquet; return the summary dict (the caller adds the explain time and saves it)."""
-    n_rows = write_maps_table(g, plan.run_dir / "maps.parquet")
-    layout = plan.layout
-    seq = np.asarray(g["seq_len"][:])
-    trunc = np.asarray(g["truncated"][:], dtype=bool)
-    learn = dict(g.attrs.get("learn", {}))
-    runs = list(g.attrs.get("extract_runs", []))
+def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
+    """summary.json's body before the findings: counts, backend and devices, extraction runs, the
+    learn stage's result, and the seconds of this run so far. ``data`` is the job's data section."""
+    layout = ctx.layout
+    seq = np.asarray(g[S.SEQ_LEN][:])
+    trunc = np.asarray(g[S.TRUNCATED][:], dtype=bool)
+    learn = dict(g.attrs.get(Attr.LEARN, {}))
+    runs = list(g.attrs.get(Attr.EXTRACT_RUNS, []))
+    extract = ctx.results.get("extract")
     return {
         "rapids_attn_version": __version__,
-        "job": plan.cfg.name,
-        "run_dir": str(plan.run_dir),
-        "model": dict(g.attrs.get("model", {})),
-        "data": {"path": str(plan.cfg.data.path), "format": plan.cfg.data.format},
+        "job": ctx.job_name,
+        "run_dir": str(ctx.run_dir),
+        "model": dict(g.attrs.get(Attr.MODEL, {})),
+        "data": {"path": str(data.get("path")), "format": data.get("format")},
         "counts": {
             "examples": int(layout.n_examples),
             "layers": len(layout.layers),
             "heads": len(layout.heads),
-            "maps": int(n_rows),
+            "maps": int(n_maps),
             "truncated_examples": int(trunc.sum()),
             "tokens": int(seq.sum()),
             "mean_tokens": float(seq.mean()) if len(seq) else 0.0,
             "max_tokens": int(seq.max()) if len(seq) else 0,
             "shards": layout.n_shards,
         },
-        "embedding": {"name": plan.cfg.embed.name, "dim": layout.feature_dim, "image_size": layout.image_size},
+        "embedding": {"name": embed_name, "dim": layout.feature_dim, "image_size": layout.image_size},
         "backend": {
             "extract_devices": sorted({d for r in runs for d in r.get("devices", [])}),
             "learn": learn.get("backend"),
             "learn_reason": learn.get("backend_reason"),
             "multi_gpu_learn": learn.get("multi_gpu", False),
-            "runtime": runtime_desc,
-            "machine": _devices(),
+            "runtime": dict(ctx.runtime),
+            "machine": machine_description(),
         },
-        "extract": {"this_run": extract_info, "runs": runs},
+        "extract": {"this_run": None if extract is None else extract.to_dict(), "runs": runs},
         "clusters": {
             "method": learn.get("method"),
             "n_clusters": learn.get("n_clusters"),
@@ -151,5 +139,5 @@ def write_outputs(plan, g, runtime_desc: dict, extract_info: dict | None) -> dic
             "umap": learn.get("umap"),
             "learn_seconds": learn.get("seconds"),
         },
-        "seconds": {k: round(v, 3) for k, v in plan.timings.items()},
+        "seconds": {k: round(v, 3) for k, v in ctx.timings.items()},
     }

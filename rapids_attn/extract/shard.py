@@ -2,7 +2,8 @@
 
 A worker loads the model, tokenizer and embedder once (cached per process, keyed by the job's
 extraction key) and reuses them for every shard it runs. Tasks are small and cheap to pickle
-(the job as a dict, the shard's examples); a shard returns small metadata, never arrays.
+(the job sections extraction uses, the shard's examples); a shard returns small metadata, never
+arrays. The device and dtypes come from the device plan (:mod:`rapids_attn.devices`).
 """
 
 from __future__ import annotations
@@ -19,18 +20,38 @@ from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, LayerReducer, TokenMasks, punctuation_ids, separator_ids
+from rapids_attn.devices import ExtractDevices, empty_device_cache
+from rapids_attn.job import EmbedConfig, ExtractConfig, ModelConfig
+from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import StoreLayout, encode_thumbnails, write_shard
 
 
 @dataclass
 class ShardTask:
-    job: dict              # JobConfig.to_dict()
+    """One shard's work. Carries only the job sections extraction uses, the device plan's extract
+    part and the shard's examples: small and cheap to pickle."""
+
+    model: ModelConfig
+    extract: ExtractConfig
+    embed: EmbedConfig
+    devices: ExtractDevices
+    threads: int           # torch threads per worker (runtime.threads_per_worker)
     key: str               # the job's extraction key (also the worker cache key)
     store_path: str
     layout: StoreLayout
     shard: int
     examples: list[Example]
     max_length: int
+
+    @classmethod
+    def from_job(cls, cfg, layout: StoreLayout, max_length: int, examples: list[Example] | None = None,
+                 shard: int = 0, store_path: str = "") -> ShardTask:
+        """A task from a whole JobConfig, its devices resolved as preflight would (tests, benchmarks)."""
+        from rapids_attn.devices import resolve_devices
+
+        devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, ("extract",))
+        return cls(cfg.model, cfg.extract, cfg.embed, devices.extract, cfg.runtime.threads_per_worker,
+                   cfg.extraction_key(), store_path, layout, shard, list(examples or []), max_length)
 
 
 @dataclass
@@ -45,34 +66,23 @@ class ShardResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def pick_device(pref: str) -> str:
-    if pref == "cpu":
-        return "cpu"
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}"
-    if pref == "cuda":
-        raise RuntimeError("extract.device is cuda but this worker sees no CUDA device")
-    return "cpu"
-
-
 class Extractor:
     """Model, tokenizer, embedder and the capture, loaded once per worker process."""
 
-    def __init__(self, job: dict, layout: StoreLayout, max_length: int):
+    def __init__(self, task: ShardTask):
         from rapids_attn.embed import build_embedder
         from rapids_attn.extract.model import load_model, load_tokenizer
-        from rapids_attn.job import JobConfig
 
-        cfg = JobConfig.model_validate(job)
-        self.cfg = cfg
-        self.layout = layout
-        self.max_length = max_length
-        self.device = pick_device(cfg.extract.device)
-        self.tokenizer = load_tokenizer(cfg.model)
-        self.model = load_model(cfg.model, self.device)
+        self.extract_cfg = task.extract
+        self.layout = task.layout
+        self.max_length = task.max_length
+        dev = task.devices.on_this_worker()
+        self.device = dev.device
+        self.tokenizer = load_tokenizer(task.model)
+        self.model = load_model(task.model, self.device, dev.model_dtype)
         n_layers = self.model.config.num_hidden_layers
         self.capture = AttentionCapture(self.model, n_layers)
-        self.embedder = build_embedder(cfg.embed, cfg.extract.image_size, self.device)
+        self.embedder = build_embedder(task.embed, task.extract.image_size, self.device, dev.embed_precision)
         self.sep_ids = separator_ids(self.tokenizer)
         self.punct_ids = punctuation_ids(self.tokenizer)
         # hooks are registered per forward: two threads sharing this extractor must take turns
@@ -116,7 +126,7 @@ class Extractor:
         extra = {name: np.zeros((n, nl, nh), dtype=dtype) for name, dtype in self.layout.embed_outputs.items()}
         thumbs = np.zeros((n, nl, nh, t, t), dtype=np.uint8) if t else None
         seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
-        ecfg = self.cfg.extract
+        ecfg = self.extract_cfg
         for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size, ecfg.attention_budget):
             t1 = time.perf_counter()
             out = self.run_batch(**tok.batch(idx))
@@ -139,16 +149,16 @@ class Extractor:
             seconds["embed"] += t3 - t2
         t4 = time.perf_counter()
         arrays = {
-            "features": feats,
-            "stats": stats,
-            "profile": profile,
-            "detectors": detectors,
+            S.FEATURES: feats,
+            S.STATS: stats,
+            S.PROFILE: profile,
+            S.DETECTORS: detectors,
             **extra,
-            "seq_len": np.asarray(tok.lengths, dtype=np.int32),
-            "truncated": np.asarray(tok.truncated, dtype=bool),
+            S.SEQ_LEN: np.asarray(tok.lengths, dtype=np.int32),
+            S.TRUNCATED: np.asarray(tok.truncated, dtype=bool),
         }
         if thumbs is not None:
-            arrays["thumbnails"] = thumbs
+            arrays[S.THUMBNAILS] = thumbs
         write_shard(task.store_path, self.layout, task.shard, arrays)
         seconds["write"] = time.perf_counter() - t4
         return ShardResult(
@@ -166,11 +176,9 @@ def get_extractor(task: ShardTask) -> Extractor:
     with _LOCK:
         ex = _CACHE.get(task.key)
         if ex is None:
-            threads = task.job.get("runtime", {}).get("threads_per_worker")
-            if threads:
-                torch.set_num_threads(int(threads))
+            torch.set_num_threads(int(task.threads))
             _CACHE.clear()  # one job's model per worker process at a time
-            ex = _CACHE[task.key] = Extractor(task.job, task.layout, task.max_length)
+            ex = _CACHE[task.key] = Extractor(task)
         return ex
 
 
@@ -208,6 +216,5 @@ def release_worker_cache() -> int:
     with _LOCK:
         n = len(_CACHE)
         _CACHE.clear()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    empty_device_cache()
     return n

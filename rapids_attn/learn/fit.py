@@ -22,7 +22,8 @@ import numpy as np
 import zarr
 
 from rapids_attn.backends import LearnBackend
-from rapids_attn.store.zarr_store import mark_learn, read_strings
+from rapids_attn.store import schema as S
+from rapids_attn.store.zarr_store import mark_complete, read_strings
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +88,21 @@ def _read_sample(backend: LearnBackend, feats, idx: np.ndarray, rows: int):
 class _Model:
     """The fitted reduce-and-cluster chain, applied block by block."""
 
-    def __init__(self, cfg, backend: LearnBackend, dim: int):
-        self.cfg = cfg
+    def __init__(self, reduce, cluster, seed: int, backend: LearnBackend, dim: int):
+        self.reduce_cfg, self.cluster_cfg = reduce, cluster
         self.backend = backend
-        self.seed = cfg.runtime.seed
-        self.pca = backend.pca(min(cfg.reduce.pca_components, dim), self.seed)
-        u = cfg.reduce.umap
+        self.seed = seed
+        self.pca = backend.pca(min(reduce.pca_components, dim), self.seed)
+        u = reduce.umap
         self.umap = backend.umap(u.n_components, u.n_neighbors, u.min_dist, u.metric, self.seed) if u.enabled else None
-        self.method = cfg.cluster.method
+        self.method = cluster.method
         self.fit_z = None
         self.fit_labels = None
         self.nn = None
         self.sweep = None
 
     def fit(self, x):
-        c = self.cfg.cluster
+        c = self.cluster_cfg
         t0 = time.perf_counter()
         self.pca.fit(x)
         z = self.pca.transform(x)
@@ -144,45 +145,48 @@ class _Model:
 
 
 def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
-    dims = ("example", "layer", "head")
-    kw = dict(overwrite=True, fill_value=0)
-    reduced = g.create_array("reduced", shape=(e, nl, nh, k), chunks=(rows, nl, nh, k), dtype="float16",
-                             dimension_names=(*dims, "component"), **kw)
-    coords = g.create_array("coords", shape=(e, nl, nh, 2), chunks=(rows, nl, nh, 2), dtype="float32",
-                            dimension_names=(*dims, "xy"), **kw)
-    labels = g.create_array("cluster", shape=(e, nl, nh), chunks=(rows, nl, nh), dtype="int32",
-                            dimension_names=dims, overwrite=True, fill_value=-1)
+    level = int(dict(g.attrs.get(S.Attr.LAYOUT, {})).get("compression_level", 3))  # as the extract stage's arrays
+    reduced = S.create_array(g, S.REDUCED, (e, nl, nh, k), chunks=(rows, nl, nh, k), compression_level=level)
+    coords = S.create_array(g, S.COORDS, (e, nl, nh, 2), chunks=(rows, nl, nh, 2), compression_level=level)
+    labels = S.create_array(g, S.CLUSTER, (e, nl, nh), chunks=(rows, nl, nh), compression_level=level)
     return reduced, coords, labels
 
 
-def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
-    """Reduce and cluster every map of the store; write the results; return a summary dict."""
-    mark_learn(g, False)
-    feats = g["features"]
+def fit_store(g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int = 0, client=None,
+              multi_gpu: bool = False) -> dict:
+    """Reduce and cluster every map of the store ``g`` (its ``features``); write ``reduced``,
+    ``coords`` and ``cluster``; return what was done (also kept as the store's ``learn`` attribute).
+
+    ``reduce`` and ``cluster`` are the job's ReduceConfig and ClusterConfig; any store with a
+    ``features`` array works, with no job file. ``multi_gpu`` (from the device plan) fits PCA and
+    KMeans with cuml.dask over the GPU workers of ``client`` when there are at least two."""
+    mark_complete(g, "learn", False)
+    feats = g[S.FEATURES]
     e, nl, nh, d = feats.shape
     rows = feats.chunks[0]
     n_maps = e * nl * nh
-    seed = cfg.runtime.seed
     timings = {}
 
     t0 = time.perf_counter()
     groups = None
-    if cfg.reduce.sample_by == "group":
-        _, groups = np.unique(read_strings(g["example_group"]), return_inverse=True)
-    idx = _sample_maps(n_maps, cfg.reduce.fit_sample, seed, groups, nl * nh)
+    if reduce.sample_by == "group":
+        _, groups = np.unique(read_strings(g[S.EXAMPLE_GROUP]), return_inverse=True)
+    idx = _sample_maps(n_maps, reduce.fit_sample, seed, groups, nl * nh)
     x_fit = _read_sample(backend, feats, idx, rows)
     timings["read_sample"] = time.perf_counter() - t0
 
-    n_gpu_workers = _gpu_workers(client) if backend.gpu else 0
     t1 = time.perf_counter()
-    model = _Model(cfg, backend, d)
-    if n_gpu_workers > 1 and cfg.cluster.method == "kmeans" and not cfg.reduce.umap.enabled:
-        model = _MultiGPUModel(cfg, client, d)
+    model = _Model(reduce, cluster, seed, backend, d)
+    if multi_gpu and backend.gpu and cluster.method == "kmeans" and not reduce.umap.enabled:
+        from rapids_attn.devices import count_gpu_workers
+
+        if count_gpu_workers(client) > 1:
+            model = _MultiGPUModel(reduce, cluster, seed, backend, client, d)
     model.fit(x_fit)
     timings["fit"] = time.perf_counter() - t1
     timings.update(getattr(model, "seconds", {}))
 
-    k = int(getattr(model.pca, "n_components_", None) or min(cfg.reduce.pca_components, d))
+    k = int(getattr(model.pca, "n_components_", None) or min(reduce.pca_components, d))
     reduced_a, coords_a, labels_a = _output_arrays(g, e, nl, nh, rows, k)
     t2 = time.perf_counter()
     counts: dict[int, int] = {}
@@ -201,29 +205,29 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
     timings["assign"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    sil = backend.silhouette(model.fit_z, model.fit_labels, cfg.cluster.silhouette_sample, seed)
+    sil = backend.silhouette(model.fit_z, model.fit_labels, cluster.silhouette_sample, seed)
     timings["silhouette"] = time.perf_counter() - t3
     evr = getattr(model.pca, "explained_variance_ratio_", None)
     info = {
         "backend": backend.name,
         "backend_reason": backend.reason,
         "multi_gpu": isinstance(model, _MultiGPUModel),
-        "method": cfg.cluster.method,
+        "method": cluster.method,
         "n_maps": n_maps,
         "n_fit": int(len(idx)),
         "pca_components": k,
         "pca_explained_variance": float(backend.to_numpy(evr).sum()) if evr is not None else None,
-        "umap": cfg.reduce.umap.enabled,
+        "umap": reduce.umap.enabled,
         "n_clusters": len([c for c in counts if c >= 0]),
         "cluster_sizes": {str(c): n for c, n in sorted(counts.items())},
         "noise_share": counts.get(-1, 0) / n_maps if n_maps else 0.0,
         "silhouette": sil,
-        "silhouette_sample": min(cfg.cluster.silhouette_sample, int(len(idx))),
+        "silhouette_sample": min(cluster.silhouette_sample, int(len(idx))),
         "k_sweep": model.sweep,
-        "sample_by": cfg.reduce.sample_by,
+        "sample_by": reduce.sample_by,
         "seconds": timings,
     }
-    mark_learn(g, True, info)
+    mark_complete(g, "learn", True, info)
     return info
 
 
@@ -231,29 +235,17 @@ def run_learn(g: zarr.Group, cfg, backend: LearnBackend, client=None) -> dict:
 # multi-GPU (cuml.dask). Thin on cuML's documented API; see docs/architecture.md for what was run.
 
 
-def _gpu_workers(client) -> int:
-    if client is None:
-        return 0
-    try:
-        counts = client.run(lambda: __import__("torch").cuda.device_count())
-    except Exception:
-        return 0
-    return sum(1 for c in counts.values() if c > 0)
-
-
 class _MultiGPUModel(_Model):
     """PCA and KMeans fitted with cuml.dask across every GPU worker of the Dask cluster."""
 
-    def __init__(self, cfg, client, dim: int):
+    def __init__(self, reduce, cluster, seed: int, backend: LearnBackend, client, dim: int):
         from cuml.dask.cluster import KMeans
         from cuml.dask.decomposition import PCA
 
-        from rapids_attn.backends import resolve_learn_backend
-
-        super().__init__(cfg, resolve_learn_backend("gpu"), dim)
+        super().__init__(reduce, cluster, seed, backend, dim)
         self.client = client
-        self.pca = PCA(client=client, n_components=min(cfg.reduce.pca_components, dim))
-        self.clusterer = KMeans(client=client, n_clusters=cfg.cluster.n_clusters, random_state=self.seed)
+        self.pca = PCA(client=client, n_components=min(reduce.pca_components, dim))
+        self.clusterer = KMeans(client=client, n_clusters=cluster.n_clusters, random_state=self.seed)
 
     def _distributed(self, x):
         import dask.array as da

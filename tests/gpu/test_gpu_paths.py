@@ -24,15 +24,15 @@ def needs(module: str):
 def test_extraction_on_cuda_matches_cpu(tmp_path, tiny_bert_dir, pair_data):
     from rapids_attn.job import load_job
     from rapids_attn.pipeline import preflight
-    from rapids_attn.extract.shard import Extractor
+    from rapids_attn.extract.shard import Extractor, ShardTask
 
     raw = make_job(tmp_path, tiny_bert_dir, pair_data, model={"dtype": "float32"})
-    plan = preflight(load_job(None, raw=raw), ("extract",))
+    ctx = preflight(load_job(None, raw=raw), ("extract",)).ctx
     ids = [[101, 2054, 2003, 1037, 3231, 102], [101, 2748, 102]]
     outs = {}
     for device in ("cpu", "cuda"):
-        job = dict(raw, extract=dict(raw["extract"], device=device))
-        ex = Extractor(job, plan.layout, plan.model.max_length)
+        cfg = load_job(None, raw=dict(raw, extract=dict(raw["extract"], device=device)))
+        ex = Extractor(ShardTask.from_job(cfg, ctx.layout, ctx.model.max_length))
         assert ex.device.startswith(device)
         outs[device] = {k: v.cpu().numpy() for k, v in ex.run_batch(ids).items() if v is not None}
     for k in outs["cpu"]:
@@ -55,17 +55,16 @@ def test_cuml_backend_reads_cupy_from_store_and_recovers_clusters(tmp_path):
     needs("cupy")
     import cupy
     from sklearn.metrics import adjusted_rand_score
-    from test_learn import cfg_with, planted_store
+    from test_learn import learn, planted_store
 
-    from rapids_attn.backends import resolve_learn_backend
-    from rapids_attn.learn import run_learn
+    from rapids_attn.devices import resolve_learn_backend
 
     backend = resolve_learn_backend("gpu")
     assert backend.name == "cuml"
     g, truth = planted_store(tmp_path)
     block = backend.read(g["features"], slice(0, 16))
     assert isinstance(block, cupy.ndarray)
-    info = run_learn(g, cfg_with(tmp_path, **{"reduce.fit_sample": 100}), backend)
+    info = learn(g, backend, **{"reduce.fit_sample": 100})
     assert info["backend"] == "cuml"
     assert adjusted_rand_score(truth, g["cluster"][:].reshape(-1)) == pytest.approx(1.0)
 

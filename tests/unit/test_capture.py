@@ -27,7 +27,7 @@ def loaded(request):
 
     d = request.getfixturevalue(request.param)
     cfg = ModelConfig(name=str(d))
-    model, tok = load_model(cfg, "cpu"), load_tokenizer(cfg)
+    model, tok = load_model(cfg, "cpu", "float32"), load_tokenizer(cfg)
     enc = tok(TEXTS, padding=True, return_tensors="pt")
     batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
     assert (batch["attention_mask"] == 0).any(), "the batch must contain padding"
@@ -103,14 +103,15 @@ def test_attention_modules_found_in_layer_order(tiny_gpt2_dir):
 
 
 def make_extractor(tmp_path, model_dir):
-    from rapids_attn.extract.shard import Extractor
+    from rapids_attn.extract.shard import Extractor, ShardTask
+    from rapids_attn.job import JobConfig
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "question": "q", "context": "c", "topic": "t",
                                                "answerable": True}])
     job = make_job(tmp_path, model_dir, data)
     layout = StoreLayout(n_examples=1, layers=[0, 1], heads=[0, 1], feature_dim=16, image_size=8, thumb_size=4,
                          shard_size=6, stat_names=list(STAT_NAMES))
-    return Extractor(job, layout, max_length=64)
+    return Extractor(ShardTask.from_job(JobConfig.model_validate(job), layout, max_length=64))
 
 
 @pytest.mark.parametrize("model,causal", [("tiny_bert_dir", False), ("tiny_gpt2_dir", True),

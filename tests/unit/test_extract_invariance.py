@@ -28,7 +28,8 @@ EXAMPLES = [
 
 @pytest.fixture(scope="module", params=["tiny_bert_dir", "tiny_gpt2_dir", "tiny_llama_dir"])
 def extractor(request, tmp_path_factory):
-    from rapids_attn.extract.shard import Extractor
+    from rapids_attn.extract.shard import Extractor, ShardTask
+    from rapids_attn.job import JobConfig
 
     model_dir = request.getfixturevalue(request.param)
     tmp = tmp_path_factory.mktemp("inv")
@@ -37,7 +38,7 @@ def extractor(request, tmp_path_factory):
     job = make_job(tmp, model_dir, data, extract={"image_size": 16, "thumbnail_size": 4})
     layout = StoreLayout(n_examples=len(EXAMPLES), layers=[0, 1], heads=[0, 1], feature_dim=16, image_size=16,
                          thumb_size=4, shard_size=6, stat_names=list(STAT_NAMES))
-    ex = Extractor(job, layout, max_length=128)
+    ex = Extractor(ShardTask.from_job(JobConfig.model_validate(job), layout, max_length=128))
     ex.test_name = request.param
     return ex
 

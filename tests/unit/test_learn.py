@@ -7,10 +7,10 @@ import pytest
 import zarr
 from sklearn.metrics import adjusted_rand_score
 
-from rapids_attn.backends import resolve_learn_backend
+from rapids_attn.devices import resolve_learn_backend
 from rapids_attn.errors import BackendUnavailableError
-from rapids_attn.job import load_job
-from rapids_attn.learn import run_learn
+from rapids_attn.job import ClusterConfig, ReduceConfig
+from rapids_attn.learn import fit_store
 from rapids_attn.store.zarr_store import StoreLayout, create_store, write_shard
 
 E, L, H, D = 60, 2, 3, 12  # 360 maps
@@ -33,19 +33,29 @@ def planted_store(tmp_path: Path, seed: int = 0):
     return zarr.open_group(str(path), mode="r+"), truth.reshape(-1)
 
 
-def cfg_with(tmp_path, **overrides):
-    data = tmp_path / "d.txt"
-    data.write_text("x\n")
-    sets = [f"{k}={v}" for k, v in overrides.items()]
-    return load_job(None, sets, raw={"data": {"path": str(data)}, "model": {"name": "minilm-l6"},
-                                     "reduce": {"pca_components": 4}, "cluster": {"n_clusters": 3},
-                                     "runtime": {"learn_backend": "cpu"}})
+def learn_sections(**overrides):
+    """The job's reduce and cluster sections with dotted overrides (``{"cluster.method": "dbscan"}``): the
+    learn stage needs nothing else, no data file or model."""
+    import yaml
+
+    raw = {"reduce": {"pca_components": 4}, "cluster": {"n_clusters": 3}}
+    for key, value in overrides.items():
+        section, *path = key.split(".")
+        node = raw[section]
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
+    return ReduceConfig.model_validate(raw["reduce"]), ClusterConfig.model_validate(raw["cluster"])
+
+
+def learn(g, backend=None, **overrides) -> dict:
+    reduce, cluster = learn_sections(**overrides)
+    return fit_store(g, reduce, cluster, backend or resolve_learn_backend("cpu"), seed=0)
 
 
 def test_kmeans_recovers_planted_clusters_from_a_sample(tmp_path):
     g, truth = planted_store(tmp_path)
-    cfg = cfg_with(tmp_path, **{"reduce.fit_sample": 100})
-    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    info = learn(g, **{"reduce.fit_sample": 100})
     labels = g["cluster"][:].reshape(-1)
     assert info["n_fit"] == 100 and info["n_maps"] == E * L * H
     assert adjusted_rand_score(truth, labels) == pytest.approx(1.0)
@@ -56,10 +66,9 @@ def test_kmeans_recovers_planted_clusters_from_a_sample(tmp_path):
 
 def test_seeded_fit_is_repeatable(tmp_path):
     g, _ = planted_store(tmp_path)
-    cfg = cfg_with(tmp_path, **{"reduce.fit_sample": 50})
-    run_learn(g, cfg, resolve_learn_backend("cpu"))
+    learn(g, **{"reduce.fit_sample": 50})
     first = g["cluster"][:].copy(), g["coords"][:].copy()
-    run_learn(g, cfg, resolve_learn_backend("cpu"))
+    learn(g, **{"reduce.fit_sample": 50})
     np.testing.assert_array_equal(first[0], g["cluster"][:])
     np.testing.assert_array_equal(first[1], g["coords"][:])
 
@@ -70,8 +79,7 @@ def test_seeded_fit_is_repeatable(tmp_path):
 ])
 def test_density_methods_assign_every_map(tmp_path, method, params):
     g, truth = planted_store(tmp_path)
-    cfg = cfg_with(tmp_path, **{"cluster.method": method, "reduce.fit_sample": 200, **params})
-    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    info = learn(g, **{"cluster.method": method, "reduce.fit_sample": 200, **params})
     labels = g["cluster"][:].reshape(-1)
     assert info["n_fit"] == 200
     assert info["n_clusters"] == 3
@@ -82,8 +90,7 @@ def test_density_methods_assign_every_map(tmp_path, method, params):
 
 def test_umap_coordinates(tmp_path):
     g, truth = planted_store(tmp_path)
-    cfg = cfg_with(tmp_path, **{"reduce.umap.enabled": True, "reduce.umap.n_neighbors": 10})
-    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    info = learn(g, **{"reduce.umap.enabled": True, "reduce.umap.n_neighbors": 10})
     assert info["umap"] is True
     assert adjusted_rand_score(truth, g["cluster"][:].reshape(-1)) == pytest.approx(1.0)
     assert np.isfinite(g["coords"][:]).all()
@@ -104,8 +111,7 @@ def test_gpu_backend_without_gpu_is_a_user_error():
 
 def test_k_sweep_and_auto_pick_the_planted_k(tmp_path):
     g, truth = planted_store(tmp_path)
-    cfg = cfg_with(tmp_path, **{"cluster.n_clusters": "auto", "cluster.k_sweep": "[2, 6]"})
-    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
+    info = learn(g, **{"cluster.n_clusters": "auto", "cluster.k_sweep": "[2, 6]"})
     sweep = info["k_sweep"]
     assert sweep["k"] == [2, 3, 4, 5, 6]
     assert sweep["chosen"] == sweep["best_silhouette_k"] == 3

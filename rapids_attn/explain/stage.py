@@ -1,0 +1,95 @@
+"""The explain stage: ``maps.parquet``, the findings, ``summary.json``'s body, the report and head views.
+
+It reads the store (features' coordinates, clusters, stats, thumbnails, example metadata), builds
+typed findings (:func:`rapids_attn.explain.describe.describe`), writes the per-head detector scores
+back to the store, and renders the report from the findings. The pipeline writes ``summary.json``
+from the result.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.store import schema as S
+
+
+@dataclass
+class ExplainResult(StageResult):
+    #: the body of summary.json (counts, backend, clusters with their descriptions, heads, metadata, ...)
+    summary: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(self.summary)
+
+
+class ExplainStage(Stage):
+    name = "explain"
+    requires = (S.CLUSTER, S.COORDS, S.REDUCED, S.STATS, S.DETECTORS, S.SEQ_LEN, S.TRUNCATED, S.EXAMPLE_ID,
+                S.EXAMPLE_GROUP, S.EXAMPLE_LABEL)
+    provides = S.arrays_of("explain")
+
+    def __init__(self, explain, model, data, embed_name: str, seed: int = 0):
+        self.explain_cfg = explain
+        self.model_cfg = model
+        self.data = {"path": str(data.path), "format": data.format}
+        self.embed_name = embed_name
+        self.seed = seed
+
+    @classmethod
+    def from_job(cls, cfg) -> ExplainStage:
+        return cls(cfg.explain, cfg.model, cfg.data, cfg.embed.name, cfg.runtime.seed)
+
+    def run(self, ctx: RunContext, client=None) -> ExplainResult:
+        import zarr
+
+        from rapids_attn.explain.describe import describe
+        from rapids_attn.explain.outputs import build_summary, write_maps_table
+        from rapids_attn.extract.model import load_tokenizer
+        from rapids_attn.store.zarr_store import consolidate, mark_complete
+
+        g = zarr.open_group(str(ctx.store_path), mode="r+")
+        n_maps = write_maps_table(g, ctx.run_dir / "maps.parquet")
+        summary = build_summary(ctx, g, n_maps, self.data, self.embed_name)
+        findings, arrays = describe(g, self.explain_cfg, self.seed, load_tokenizer(self.model_cfg))
+        found = findings.to_dict()
+        summary["clusters"]["descriptions"] = found["clusters"]
+        summary["heads"] = found["heads_table"]
+        summary["metadata"] = found["metadata"]
+        summary["warnings"] = findings.warnings
+        summary["clusters"]["k_sweep"] = found["k_sweep"]
+        summary["head_detectors"] = found["detectors"]
+        S.create_array(g, S.HEAD_DETECTORS, arrays.head_detectors.shape, data=arrays.head_detectors,
+                       attributes={S.Attr.NAMES: list(findings.detectors.names)})
+        mark_complete(g, self.name, True)
+        consolidate(ctx.store_path)
+        for w in findings.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        if self.explain_cfg.report:
+            summary["report"] = str(self._report(ctx, summary, findings, arrays))
+        return ExplainResult(summary=summary)
+
+    def _report(self, ctx: RunContext, summary: dict, findings, arrays):
+        from rapids_attn.explain.findings import ClusteringOverview, RunOverview
+        from rapids_attn.explain.headview import write_head_views
+        from rapids_attn.explain.report import write_report
+
+        c = summary["clusters"]
+        overview = RunOverview(
+            model=summary["model"], data=summary["data"], counts=summary["counts"], backend=summary["backend"],
+            seconds={**summary["seconds"], **{k: round(v, 3) for k, v in ctx.timings.items()}},
+            clustering=ClusteringOverview(coords="umap" if c["umap"] else "pca", method=c["method"],
+                                          n_clusters=c["n_clusters"], silhouette=c["silhouette"],
+                                          noise_share=c["noise_share"], embedder=self.embed_name),
+        )
+        views = None
+        if self.explain_cfg.head_views:
+            try:
+                views = write_head_views(ctx.run_dir / "report", self.model_cfg, ctx.examples, findings.clusters)
+            except Exception as e:  # the head views are an aid: the report goes on without them, and says so
+                first = str(e).splitlines()[0][:200] if str(e) else ""
+                msg = f"head views not written ({type(e).__name__}: {first})"
+                findings.warnings.append(msg)  # summary["warnings"] is the same list
+                print(f"warning: {msg}", file=sys.stderr)
+        return write_report(ctx.run_dir, overview, findings, arrays, views)

@@ -1,0 +1,157 @@
+"""The extract stage: run the model over every shard on the Dask workers and write the store.
+
+The client opens (resumes) or creates the store, then maps :func:`rapids_attn.extract.shard.process_shard`
+over the shards not yet marked done; each worker writes its shard's rows and then the shard's
+done-marker. When every shard is done, the stage sets ``extract_complete``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from rapids_attn.errors import JobConfigError
+from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
+from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.store import schema as S
+from rapids_attn.store.zarr_store import StoreLayout
+
+
+@dataclass
+class ExtractResult(StageResult):
+    resumed: bool = False
+    shards_run: int = 0
+    shards_total: int = 0
+    maps_run: int = 0
+    maps_per_example: int = 0
+    #: the run record also appended to the store's extract_runs attribute
+    record: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        # summary.json's extract.this_run: what this run did (the run record lives in extract.runs)
+        return {"resumed": self.resumed, "shards_run": self.shards_run, "shards_total": self.shards_total,
+                "maps_run": self.maps_run, "maps_per_example": self.maps_per_example}
+
+
+def plan_layout(extract, embed, store, n_examples: int, n_layers: int, n_heads: int, model_name: str) -> StoreLayout:
+    """The store's shapes for this job; builds the embedder once on the CPU (which also fetches and
+    checks its weights; the int8 calibration is left to the workers)."""
+    from rapids_attn.embed import build_embedder
+
+    layers = _check_indices("layers", extract.layers, n_layers, model_name)
+    heads = _check_indices("heads", extract.heads, n_heads, model_name)
+    if extract.thumbnail_size > extract.image_size:
+        raise JobConfigError(
+            f"extract.thumbnail_size: {extract.thumbnail_size} exceeds extract.image_size {extract.image_size}"
+        )
+    precision = "int8" if embed.precision == "int8" else "float32"
+    embedder = build_embedder(embed, extract.image_size, "cpu", precision, prepare=False)
+    return StoreLayout(
+        n_examples=n_examples, layers=layers, heads=heads, feature_dim=embedder.dim,
+        image_size=extract.image_size, thumb_size=extract.thumbnail_size,
+        shard_size=extract.shard_size, stat_names=list(STAT_NAMES), profile_offsets=list(PROFILE_OFFSETS),
+        detector_names=list(DETECTOR_NAMES),
+        embed_outputs=dict(embedder.outputs), embed_attrs=dict(embedder.store_attrs),
+        features_dtype=store.features_dtype, compression_level=store.compression_level,
+    )
+
+
+def _check_indices(name: str, sel: list[int] | None, n: int, model: str) -> list[int]:
+    if sel is None:
+        return list(range(n))
+    bad = [i for i in sel if i >= n]
+    if bad:
+        raise JobConfigError(f"extract.{name}: {bad} out of range; {model} has {n} {name} (0..{n - 1})")
+    return sorted(sel)
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="shard", file=sys.stderr, dynamic_ncols=True,
+                disable=None if sys.stderr.isatty() else False, mininterval=1.0)
+
+
+class ExtractStage(Stage):
+    name = "extract"
+    requires = ()
+    provides = S.arrays_of("extract")
+
+    def __init__(self, model, extract, embed, runtime):
+        self.model_cfg = model
+        self.extract_cfg = extract
+        self.embed_cfg = embed
+        self.runtime_cfg = runtime
+
+    @classmethod
+    def from_job(cls, cfg) -> ExtractStage:
+        return cls(cfg.model, cfg.extract, cfg.embed, cfg.runtime)
+
+    def check(self, ctx: RunContext) -> None:
+        from rapids_attn.runtime import check_runtime
+        from rapids_attn.store.zarr_store import foreign_store_error, inspect_store
+
+        check_runtime(self.runtime_cfg)
+        if inspect_store(ctx.store_path, ctx.key, ctx.layout) == "different" and not ctx.overwrite:
+            raise foreign_store_error(ctx.store_path)
+
+    def uses_cluster(self, ctx: RunContext) -> bool:
+        return True
+
+    def run(self, ctx: RunContext, client=None) -> ExtractResult:
+        from distributed import as_completed
+
+        from rapids_attn.extract.shard import ShardTask, process_shard
+        from rapids_attn.store.zarr_store import consolidate, create_store, done_shards, mark_complete, open_for_job
+
+        layout = ctx.layout
+        g = open_for_job(ctx.store_path, ctx.key, layout, ctx.overwrite)
+        resumed = g is not None
+        if g is None:
+            m = ctx.model
+            meta = {"name": self.model_cfg.name, "source": m.source, "type": m.model_type,
+                    "revision": self.model_cfg.revision, "n_layers": m.n_layers, "n_heads": m.n_heads,
+                    "max_length": m.max_length}
+            g = create_store(ctx.store_path, layout, ctx.job, ctx.key, meta, [e.id for e in ctx.examples],
+                             [e.group for e in ctx.examples], [e.label for e in ctx.examples])
+        done = done_shards(g)
+        tasks = []
+        for s in (s for s in range(layout.n_shards) if not done[s]):
+            start, stop = layout.shard_rows(s)
+            tasks.append(ShardTask(self.model_cfg, self.extract_cfg, self.embed_cfg, ctx.devices.extract,
+                                   self.runtime_cfg.threads_per_worker, ctx.key, str(ctx.store_path), layout, s,
+                                   ctx.examples[start:stop], ctx.model.max_length))
+        results = []
+        with _progress(len(tasks), "extract") as bar:
+            futures = client.map(process_shard, tasks, pure=False) if tasks else []
+            n_maps = 0
+            for fut in as_completed(futures):
+                r = fut.result()
+                results.append(r)
+                n_maps += r.n_maps
+                bar.update(1)
+                bar.set_postfix(maps=f"{n_maps:,}", refresh=False)
+        complete = bool(done_shards(g).all())
+        if not complete:
+            raise RuntimeError("extraction finished but some shards are not marked done")
+        record = {
+            "shards": len(results),
+            "examples": sum(r.n_examples for r in results),
+            "maps": sum(r.n_maps for r in results),
+            "devices": sorted({r.device for r in results}),
+            "workers": sorted({r.worker for r in results}),
+            "worker_seconds": {k: round(sum(r.seconds.get(k, 0.0) for r in results), 3)
+                               for k in ("tokenize", "forward", "embed", "write")},
+        }
+        g.attrs[S.Attr.EXTRACT_RUNS] = [*g.attrs.get(S.Attr.EXTRACT_RUNS, []), record]
+        mark_complete(g, self.name, True)
+        consolidate(ctx.store_path)
+        return ExtractResult(resumed=resumed, shards_run=len(results), shards_total=layout.n_shards,
+                             maps_run=record["maps"], maps_per_example=len(layout.layers) * len(layout.heads),
+                             record=record)
+
+    def release(self, client) -> None:
+        """A later stage keeps the cluster (a multi-GPU fit): drop each worker's model and embedder first."""
+        from rapids_attn.extract.shard import release_worker_cache
+
+        client.run(release_worker_cache)

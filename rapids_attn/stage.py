@@ -1,0 +1,106 @@
+"""The stage contract: what every stage of a job (extract, learn, explain, and the ones to come) implements.
+
+A stage is a small object built from its own job sections only (:meth:`Stage.from_job` picks them),
+so it can be built and run without a job file. It declares:
+
+- ``name``: what ``--stages`` calls it;
+- ``requires`` / ``provides``: the store arrays it reads and writes, named only through
+  :mod:`rapids_attn.store.schema`. The pipeline checks, before any worker starts, that every
+  required array is provided by an earlier stage of the same run or by a stage whose completion
+  flag is set in the store;
+- :meth:`Stage.check`: the checks that can be made in preflight (inputs, settings, the store);
+- :meth:`Stage.uses_cluster`: whether its run needs the Dask client (the pipeline owns the client's
+  lifetime: it starts the cluster before the first stage that needs it and closes it after the last);
+- :meth:`Stage.run`: does the work and returns a typed :class:`StageResult`, which goes into
+  ``summary.json``.
+
+To add a stage: write ``rapids_attn/<name>/stage.py`` with a ``Stage`` subclass, add its arrays to
+the schema with ``stage=<name>``, and list it in :data:`rapids_attn.pipeline.STAGES`. Nothing else
+has to change (docs/architecture.md, "Adding a stage").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from rapids_attn.data import Example
+    from rapids_attn.devices import DevicePlan
+    from rapids_attn.extract.model import ModelInfo
+    from rapids_attn.job import JobConfig
+    from rapids_attn.store.schema import ArraySpec
+    from rapids_attn.store.zarr_store import StoreLayout
+
+
+@dataclass
+class StageResult:
+    """What a stage's run reports. Subclasses add typed fields; ``seconds`` is the stage's wall time."""
+
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RunContext:
+    """What preflight resolved for this run, handed to every stage's ``check`` and ``run``."""
+
+    #: the run directory and the store inside it
+    run_dir: Path
+    #: the job as resolved (presets merged, defaults filled), recorded in the store and job.yaml
+    job: dict
+    #: name of the job (``name:``)
+    job_name: str
+    examples: list[Example]
+    model: ModelInfo
+    layout: StoreLayout
+    #: hash of the settings that decide the store's contents (JobConfig.extraction_key)
+    key: str
+    devices: DevicePlan
+    #: the run's seed (runtime.seed)
+    seed: int
+    #: the stages this run runs, in order
+    stages: tuple[str, ...]
+    overwrite: bool = False
+    #: what the Dask cluster looked like (workers, dashboard); filled by the pipeline when it starts one
+    runtime: dict = field(default_factory=dict)
+    #: results of the stages already run in this run, by name
+    results: dict[str, StageResult] = field(default_factory=dict)
+    #: seconds per step of this run (preflight and each stage), filled by the pipeline
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def store_path(self) -> Path:
+        return self.run_dir / "store.zarr"
+
+
+class Stage(ABC):
+    """One stage of a job; see the module docstring for the contract."""
+
+    name: ClassVar[str]
+    requires: ClassVar[tuple[ArraySpec, ...]] = ()
+    provides: ClassVar[tuple[ArraySpec, ...]] = ()
+
+    @classmethod
+    @abstractmethod
+    def from_job(cls, cfg: JobConfig) -> Stage:
+        """Build the stage from the job sections it uses, and nothing else."""
+
+    def check(self, ctx: RunContext) -> None:  # noqa: B027 - most stages check nothing of their own
+        """Preflight: raise a UserError (one line naming the field or file) before any worker starts."""
+
+    def uses_cluster(self, ctx: RunContext) -> bool:
+        """True when :meth:`run` needs the Dask client."""
+        return False
+
+    @abstractmethod
+    def run(self, ctx: RunContext, client=None) -> StageResult:
+        """Do the stage's work; ``client`` is the Dask client when :meth:`uses_cluster` said so."""
+
+    def release(self, client) -> None:  # noqa: B027 - most stages hold nothing on the workers
+        """The cluster stays up for a later stage: free what this stage left on the workers."""
