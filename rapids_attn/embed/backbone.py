@@ -207,7 +207,7 @@ class BackboneEmbedder(ImageEmbedder):
         if not self.int8:  # (int8 folds batch norms itself while quantizing)
             net = _fold_batch_norms(net)
         # channels-last is oneDNN's and cuDNN's fast layout for convolutions (`python -m
-        # rapids_attn.bench.cnn`: ResNet-50 at 224 on 2 CPU cores, 14.3 -> 17.2 maps/s; with the
+        # benchmarks.cnn`: ResNet-50 at 224 on 2 CPU cores, 14.3 -> 17.2 maps/s; with the
         # batch norms folded, 18.4)
         self.net = net.to(self.device, self.dtype, memory_format=torch.channels_last)
         # maps per network call, bounded in pixels: on a CPU, batches of ResNet-50 at 224 past ~8

@@ -93,7 +93,7 @@ def load_pattern_cnn(device="cpu", weights_dir: Path | str | None = None) -> tup
     d = Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR
     wpath, mpath = d / WEIGHTS_FILE.name, d / META_FILE.name
     if not wpath.is_file() or not mpath.is_file():
-        raise FileNotFoundError(f"pattern CNN weights not found in {d}; train them with python -m rapids_attn.patterns.train")
+        raise FileNotFoundError(f"pattern CNN weights not found in {d}; train them with python -m tools.pattern_cnn.train from a checkout")
     meta = json.loads(mpath.read_text())
     arch = meta["architecture"]
     model = PatternCNN(len(meta["classes"]), meta["image_size"], arch["embed_dim"], arch["width"])

@@ -1,4 +1,4 @@
-"""The pattern generator, the pattern CNN's shipped weights and PatternEmbedder (docs/pattern-cnn.md)."""
+"""The pattern generator, the pattern CNN's shipped weights and its embedder (docs/pattern-cnn.md)."""
 
 from __future__ import annotations
 
@@ -196,14 +196,20 @@ def test_shipped_weights_load(shipped):
     assert meta["heldout"]["seed"] != meta["training"]["seed"]
 
 
-def test_pattern_embedder_shapes(shipped):
-    from rapids_attn.embed.pattern import PatternEmbedder
+def classify(emb, images, profile, stats):
+    """The embedder's features, predicted pattern and its probability."""
+    feats, extras = emb.embed(images, profile, stats)
+    return feats, extras["pattern"], extras["pattern_prob"]
 
-    emb = PatternEmbedder("cpu", batch_size=4)
+
+def test_pattern_embedder_shapes(shipped):
+    from rapids_attn.embed.pattern import PatternCNNEmbedder
+
+    emb = PatternCNNEmbedder("cpu", batch_size=4)
     assert emb.name == "pattern-cnn" and emb.classes == PATTERN_TYPES and 64 <= emb.dim <= 128
     samples = generate(7, 10)
     images, profile, stats, labels = featurize(samples)
-    feats, pattern, prob = emb(images, profile, stats)
+    feats, pattern, prob = classify(emb, images, profile, stats)
     assert feats.shape == (10, emb.dim) and feats.dtype == torch.float32 and torch.isfinite(feats).all()
     assert pattern.shape == (10,) and pattern.dtype == torch.int64
     assert prob.shape == (10,) and prob.dtype == torch.float32
@@ -216,32 +222,32 @@ def test_pattern_embedder_shapes(shipped):
     assert torch.equal(pattern, logits.argmax(1))
     # other image sizes are area-resized first: a 64 x 64 image of the same map gives the same result
     big = featurize(samples, image_size=64)[0]
-    feats64, pattern64, _ = emb(big, profile, stats)
+    feats64, pattern64, _ = classify(emb, big, profile, stats)
     torch.testing.assert_close(feats64, feats, atol=1e-4, rtol=1e-3)
     assert torch.equal(pattern64, pattern)
-    f0, p0, q0 = emb(images[:0], profile[:0], stats[:0])
+    f0, p0, q0 = classify(emb, images[:0], profile[:0], stats[:0])
     assert f0.shape == (0, emb.dim) and p0.shape == (0,) and q0.shape == (0,)
     with pytest.raises(ValueError, match="profile"):
-        emb(images, stats, profile)
+        emb.embed(images, stats, profile)
 
 
 def test_reproduces_the_recorded_heldout_accuracy(shipped):
     """The first 1000 held-out maps: the json records their accuracy at training time. The same
     maps and weights give the same predictions, so the tolerance (0.01 = 10 maps) only absorbs
     float differences between CPUs flipping a borderline map or two."""
-    from rapids_attn.embed.pattern import PatternEmbedder
+    from rapids_attn.embed.pattern import PatternCNNEmbedder
 
     _, meta = shipped
     small = meta["heldout_small"]
     images, profile, stats, labels = generate_features(small["seed"], small["n"])
-    _, pattern, _ = PatternEmbedder("cpu")(images, profile, stats)
+    _, pattern, _ = classify(PatternCNNEmbedder("cpu"), images, profile, stats)
     acc = float((pattern == labels).float().mean())
     assert acc == pytest.approx(small["accuracy"], abs=0.01)
     assert acc >= 0.95
 
 
 def test_training_is_deterministic(tmp_path):
-    from rapids_attn.embed.pattern import PatternEmbedder
+    from rapids_attn.embed.pattern import PatternCNNEmbedder
     from rapids_attn.patterns.cnn import load_pattern_cnn
     from tools.pattern_cnn.train import train
 
@@ -253,7 +259,7 @@ def test_training_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "pattern_cnn.safetensors").read_bytes() == (tmp_path / "b" / "pattern_cnn.safetensors").read_bytes()
     model, meta2 = load_pattern_cnn("cpu", tmp_path / "a")
     assert meta2["training"]["seed"] == 3 and meta2["heldout"]["seed"] == 1003
-    assert PatternEmbedder(weights_dir=tmp_path / "a").dim == model.embed_dim
+    assert PatternCNNEmbedder(weights_dir=tmp_path / "a").dim == model.embed_dim
 
 
 def test_planted_clusters_through_the_learn_stage(tmp_path):
