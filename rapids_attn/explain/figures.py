@@ -12,6 +12,7 @@ and in the dominant-cluster grid.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 import numpy as np
@@ -19,6 +20,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import BoundaryNorm, PowerNorm, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+
+if TYPE_CHECKING:
+    from rapids_attn.explain.findings import HeadTable, KSweep, ScatterSample
 
 DPI = 100
 NOISE_COLOR = (0.72, 0.72, 0.72, 1.0)
@@ -114,14 +118,14 @@ def _show_thumb(ax, thumb, title: str, fontsize: float = 8):
 # figures
 
 
-def scatter_png(out_dir, scatter: dict, color_by: str = "cluster", *, colors: dict | None = None,
+def scatter_png(out_dir, scatter: ScatterSample, color_by: str = "cluster", *, colors: dict | None = None,
                 coords_label: str | None = None) -> str:
     """All sampled maps in the 2-D coordinates, coloured by cluster (legend) or by layer (colour bar)."""
     if color_by not in ("cluster", "layer"):
         raise ValueError(f"color_by must be 'cluster' or 'layer', not {color_by!r}")
-    x = np.asarray(scatter["x"], dtype=np.float64)
-    y = np.asarray(scatter["y"], dtype=np.float64)
-    values = np.asarray(scatter[color_by]).astype(np.int64)
+    x = np.asarray(scatter.x, dtype=np.float64)
+    y = np.asarray(scatter.y, dtype=np.float64)
+    values = np.asarray(getattr(scatter, color_by)).astype(np.int64)
     n = len(x)
     # draw in a fixed random order so a big cluster does not bury the small ones drawn before it
     order = np.random.default_rng(0).permutation(n)
@@ -165,17 +169,16 @@ def scatter_png(out_dir, scatter: dict, color_by: str = "cluster", *, colors: di
     return _save(fig, out_dir, f"scatter_{color_by}.png")
 
 
-def dominant_grid_png(out_dir, heads_table: dict, clusters: list[dict], *, layers=None, heads=None,
+def dominant_grid_png(out_dir, heads_table: HeadTable, cluster_ids, *, layers=None, heads=None,
                       colors: dict | None = None) -> str:
     """Layer x head grid: each cell coloured by the head's dominant cluster, the id written in it;
     a second panel shows how consistently the head falls in one cluster (1 = a fixed pattern)."""
-    dom = np.asarray(heads_table["dominant_cluster"], dtype=np.int64)
-    cons = np.asarray(heads_table.get("consistency") if heads_table.get("consistency") is not None
-                      else np.full(dom.shape, np.nan), dtype=np.float64)
+    dom = np.asarray(heads_table.dominant_cluster, dtype=np.int64)
+    cons = np.asarray(heads_table.consistency, dtype=np.float64)
     n_layers, n_heads = dom.shape
     layers = list(layers) if layers is not None else list(range(n_layers))
     heads = list(heads) if heads is not None else list(range(n_heads))
-    cmap = colors or cluster_colors([c["id"] for c in clusters])
+    cmap = colors or cluster_colors(cluster_ids)
     rgba = np.array([[cmap.get(int(v), UNKNOWN_COLOR) for v in row] for row in dom]).reshape(n_layers, n_heads, 4)
     annotate = n_layers * n_heads <= MAX_ANNOTATED_CELLS
     fs = 8 if n_heads <= 12 else 6
@@ -268,28 +271,26 @@ def montage_png(out_dir, k_index: int, mean_thumb, exemplar_thumbs, exemplar_inf
     return _save(fig, out_dir, f"montage_{k_index:02d}.png")
 
 
-def k_sweep_png(out_dir, k_sweep: dict) -> str:
+def k_sweep_png(out_dir, k_sweep: KSweep) -> str:
     """Inertia and silhouette against k; the chosen k marked."""
-    k = np.asarray(k_sweep["k"], dtype=np.float64)
+    k = np.asarray(k_sweep.k, dtype=np.float64)
     series = []
     for key, label in (("inertia", "inertia (within-cluster sum of squares)"), ("silhouette", "silhouette")):
-        vals = k_sweep.get(key)
-        if vals is not None and len(vals):
+        vals = getattr(k_sweep, key)
+        if len(vals):
             v = np.array([np.nan if x is None else x for x in vals], dtype=np.float64)
             series.append((key, label, v))
-    chosen = k_sweep.get("chosen")
+    chosen = k_sweep.chosen
     fig = _new_figure(6.0, 2.3 * max(1, len(series)) + 0.4)
     axes = [fig.add_subplot(len(series) or 1, 1, i + 1) for i in range(max(1, len(series)))]
     for ax, (key, label, v) in zip(axes, series):
         ax.plot(k, v, marker="o", markersize=4, color="#1f77b4" if key == "inertia" else "#2ca02c")
-        if chosen is not None:
-            ax.axvline(float(chosen), color="#d62728", linestyle="--", linewidth=1,
-                       label=f"chosen k = {chosen}")
-            hit = np.nonzero(k == float(chosen))[0]
-            if len(hit) and np.isfinite(v[hit[0]]):
-                ax.plot([k[hit[0]]], [v[hit[0]]], marker="o", markersize=8, markerfacecolor="none",
-                        markeredgecolor="#d62728")
-            ax.legend(fontsize=7, frameon=False)
+        ax.axvline(float(chosen), color="#d62728", linestyle="--", linewidth=1, label=f"chosen k = {chosen}")
+        hit = np.nonzero(k == float(chosen))[0]
+        if len(hit) and np.isfinite(v[hit[0]]):
+            ax.plot([k[hit[0]]], [v[hit[0]]], marker="o", markersize=8, markerfacecolor="none",
+                    markeredgecolor="#d62728")
+        ax.legend(fontsize=7, frameon=False)
         ax.set_ylabel(key)
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=8)

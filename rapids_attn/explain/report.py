@@ -1,10 +1,11 @@
 """``report/index.html``: the static, self-contained report of a run.
 
-:func:`write_report` takes the ``describe`` dict ``d`` (also the body of ``summary.json``) and its
-``arrays`` and writes ``run_dir/report/index.html`` with PNG figures beside it. The page has inline
-CSS, relative image paths and no scripts, fonts or other external resources, so it opens from disk
-anywhere, offline. Every string that comes from the data (group names, example ids, stat labels,
-warnings, ...) is HTML-escaped.
+:func:`write_report` renders describe's typed results (:class:`~rapids_attn.explain.findings.Findings`
+and :class:`~rapids_attn.explain.findings.FigureArrays`) beside the run's
+:class:`~rapids_attn.explain.findings.RunOverview`, and writes ``run_dir/report/index.html`` with PNG
+figures beside it. The page has inline CSS, relative image paths and no scripts, fonts or other external
+resources, so it opens from disk anywhere, offline. Every string that comes from the data (group names,
+example ids, stat labels, warnings, ...) is HTML-escaped.
 
 Atomicity: figures and the page are first written into a hidden staging folder inside
 ``report/``; only when every figure has rendered are the PNGs moved into place and, last,
@@ -16,12 +17,14 @@ is deleted whatever happens. Head-view pages (:mod:`rapids_attn.explain.headview
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
@@ -29,6 +32,15 @@ from urllib.parse import quote
 import numpy as np
 
 from rapids_attn.explain import figures
+from rapids_attn.explain.findings import (
+    ClusterFinding,
+    ClusteringOverview,
+    FigureArrays,
+    Findings,
+    MetadataFindings,
+    MetadataTest,
+    RunOverview,
+)
 
 STAGING_PREFIX = ".report-tmp-"
 #: figure files this module writes (stale ones from an earlier report are removed on success)
@@ -128,7 +140,7 @@ def _value_text(v) -> str:
 
 def _flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
-    for k, v in (mapping or {}).items():
+    for k, v in mapping.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
             out.extend(_flatten(v, key + "."))
@@ -157,51 +169,50 @@ def _img(name: str | None, alt: str, cls: str = "") -> str:
 # figures
 
 
-def _coords_label(d: dict) -> str | None:
-    c = str((d.get("clustering") or {}).get("coords") or "").lower()
-    return {"umap": "UMAP", "pca": "PC"}.get(c)
+@dataclass
+class _Figures:
+    """File names of the rendered figures, relative to the report folder."""
+
+    grid: str
+    detectors: str
+    scatter: dict[str, str] = field(default_factory=dict)  # "cluster" / "layer"; empty without arrays
+    occupancy: dict[int, str] = field(default_factory=dict)  # by cluster position in Findings.clusters
+    montage: dict[int, str] = field(default_factory=dict)  # likewise; empty without thumbnails
+    k_sweep: str | None = None  # None when the learn stage ran no sweep
+
+    def names(self) -> list[str]:
+        names = [*self.scatter.values(), *self.occupancy.values(), *self.montage.values(), self.grid, self.detectors]
+        return names + ([self.k_sweep] if self.k_sweep else [])
 
 
-def _make_figures(out_dir: Path, d: dict, arrays: dict) -> dict:
+def _coords_label(overview: RunOverview) -> str:
+    return {"umap": "UMAP", "pca": "PC"}[overview.clustering.coords]
+
+
+def _make_figures(out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None) -> _Figures:
     """Render every figure into ``out_dir``; any failure propagates (no partial report)."""
-    clusters = d.get("clusters") or []
-    colors = figures.cluster_colors([c["id"] for c in clusters])
-    figs: dict = {"scatter": {}, "occupancy": {}, "montage": {}}
-    scatter = (arrays or {}).get("scatter")
-    if scatter is not None and len(scatter.get("x", [])) > 0:
-        figs["scatter"]["cluster"] = figures.scatter_png(out_dir, scatter, "cluster", colors=colors,
-                                                         coords_label=_coords_label(d))
-        if scatter.get("layer") is not None:
-            figs["scatter"]["layer"] = figures.scatter_png(out_dir, scatter, "layer",
-                                                           coords_label=_coords_label(d))
-    if d.get("heads_table") and d["heads_table"].get("dominant_cluster") is not None:
-        figs["grid"] = figures.dominant_grid_png(out_dir, d["heads_table"], clusters, layers=d.get("layers"),
-                                                 heads=d.get("heads"), colors=colors)
-    occ = (arrays or {}).get("occupancy")
-    means = (arrays or {}).get("mean_thumbs")
-    ex_thumbs = (arrays or {}).get("exemplar_thumbs")
-    ex_info = (arrays or {}).get("exemplar_info") or []
-    for k, c in enumerate(clusters):
-        if occ is not None and k < len(occ):
-            figs["occupancy"][k] = figures.occupancy_png(out_dir, k, occ[k], d.get("layers") or range(occ.shape[1]),
-                                                         d.get("heads") or range(occ.shape[2]), cluster_id=c["id"])
-        if means is not None and k < len(means):
-            figs["montage"][k] = figures.montage_png(
-                out_dir, k, means[k], ex_thumbs[k] if ex_thumbs is not None and k < len(ex_thumbs) else None,
-                ex_info[k] if k < len(ex_info) else [], cluster_id=c["id"])
-    if d.get("k_sweep") and d["k_sweep"].get("k"):
-        figs["k_sweep"] = figures.k_sweep_png(out_dir, d["k_sweep"])
-    det = d.get("detectors")
-    if det and det.get("names"):
-        figs["detectors"] = figures.detectors_png(out_dir, det["scores"], det["names"], d.get("layers") or [],
-                                                  d.get("heads") or [])
+    clusters = findings.clusters
+    colors = figures.cluster_colors([c.id for c in clusters])
+    figs = _Figures(
+        grid=figures.dominant_grid_png(out_dir, findings.heads_table, [c.id for c in clusters], layers=findings.layers,
+                                       heads=findings.heads, colors=colors),
+        detectors=figures.detectors_png(out_dir, findings.detectors.scores, findings.detectors.names, findings.layers,
+                                        findings.heads))
+    if arrays is not None:
+        if len(arrays.scatter.x) > 0:
+            label = _coords_label(overview)
+            figs.scatter["cluster"] = figures.scatter_png(out_dir, arrays.scatter, "cluster", colors=colors,
+                                                          coords_label=label)
+            figs.scatter["layer"] = figures.scatter_png(out_dir, arrays.scatter, "layer", coords_label=label)
+        for k, c in enumerate(clusters):
+            figs.occupancy[k] = figures.occupancy_png(out_dir, k, arrays.occupancy[k], findings.layers, findings.heads,
+                                                      cluster_id=c.id)
+            if arrays.mean_thumbs is not None:
+                figs.montage[k] = figures.montage_png(out_dir, k, arrays.mean_thumbs[k], arrays.exemplar_thumbs[k],
+                                                      arrays.exemplar_info[k], cluster_id=c.id)
+    if findings.k_sweep is not None and findings.k_sweep.k:
+        figs.k_sweep = figures.k_sweep_png(out_dir, findings.k_sweep)
     return figs
-
-
-def _figure_names(figs: dict) -> list[str]:
-    names = list(figs["scatter"].values()) + list(figs["occupancy"].values()) + list(figs["montage"].values())
-    names += [figs[k] for k in ("grid", "k_sweep", "detectors") if figs.get(k)]
-    return names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,44 +253,36 @@ footer{color:#777;font-size:.85em;margin-top:3em}
 """
 
 
-def _overview(d: dict) -> str:
-    model = d.get("model") or {}
-    data = d.get("data") or {}
-    counts = d.get("counts") or {}
-    seconds = d.get("seconds") or {}
-    backend = d.get("backend") or {}
-    clustering = d.get("clustering") or {}
-
+def _overview(overview: RunOverview) -> str:
     def no_links(key: str) -> bool:
         # the Dask dashboard is a live link to a cluster that is gone once the job ends
         return "dashboard" in key.split(".")[-1]
 
+    seconds = overview.seconds
     t_rows = [f"<tr><th>{_e(_words(k))}</th><td class=n>{_e(_seconds(v))}</td></tr>" for k, v in seconds.items()]
     total = sum(float(v) for v in seconds.values() if isinstance(v, (int, float)) and not _is_nan(v))
     if seconds:
         t_rows.append(f"<tr><th>total</th><td class=n><b>{_e(_seconds(total))}</b></td></tr>")
     c_rows = []
-    for k, v in clustering.items():
-        if isinstance(v, dict):
-            continue
-        text = _pct(v) if k.endswith("share") else _value_text(v)
-        c_rows.append(f"<tr><th>{_e(_words(k))}</th><td>{_e(text)}</td></tr>")
+    for f in dataclasses.fields(ClusteringOverview):
+        v = getattr(overview.clustering, f.name)
+        text = _pct(v) if f.name.endswith("share") else _value_text(v)
+        c_rows.append(f"<tr><th>{_e(_words(f.name))}</th><td>{_e(text)}</td></tr>")
     return f"""
 <section id="overview"><h2>Overview</h2>
 <div class="cards">
 <div><h3>Run</h3><table class="kv">
-<tr><th colspan=2>model</th></tr>{_kv_rows(model)}
-<tr><th colspan=2>data</th></tr>{_kv_rows(data)}
+<tr><th colspan=2>model</th></tr>{_kv_rows(overview.model)}
+<tr><th colspan=2>data</th></tr>{_kv_rows(overview.data)}
 </table></div>
-<div><h3>Counts</h3><table class="kv">{_kv_rows(counts)}</table></div>
+<div><h3>Counts</h3><table class="kv">{_kv_rows(overview.counts)}</table></div>
 <div><h3>Clustering</h3><table class="kv">{"".join(c_rows)}</table>
 <h3>Time per stage</h3><table class="kv">{"".join(t_rows)}</table></div>
-<div><h3>Backend and devices</h3><table class="kv">{_kv_rows(backend, skip=no_links)}</table></div>
+<div><h3>Backend and devices</h3><table class="kv">{_kv_rows(overview.backend, skip=no_links)}</table></div>
 </div></section>"""
 
 
-def _warnings(d: dict) -> str:
-    warns = d.get("warnings") or []
+def _warnings(warns: list[str]) -> str:
     if not warns:
         return ""
     items = "".join(f"<li>{_e(w)}</li>" for w in warns)
@@ -287,11 +290,10 @@ def _warnings(d: dict) -> str:
 <section id="warnings" class="warn"><b>Warnings ({len(warns)})</b><ul>{items}</ul></section>"""
 
 
-def _map_section(figs: dict) -> str:
-    sc = figs["scatter"]
-    if not sc:
+def _map_section(figs: _Figures) -> str:
+    if not figs.scatter:
         return ""
-    imgs = " ".join(_img(sc.get(k), f"scatter of sampled maps coloured by {k}") for k in ("cluster", "layer"))
+    imgs = " ".join(_img(figs.scatter[k], f"scatter of sampled maps coloured by {k}") for k in ("cluster", "layer"))
     return f"""
 <section id="map"><h2>All maps in two dimensions</h2>
 <p class="note">Each point is one attention map (one example, layer and head), placed by the learn stage's
@@ -299,32 +301,26 @@ def _map_section(figs: dict) -> str:
 <div class="pair">{imgs}</div></section>"""
 
 
-def _heads_section(figs: dict) -> str:
-    if not figs.get("grid"):
-        return ""
+def _heads_section(figs: _Figures) -> str:
     return f"""
 <section id="heads"><h2>Which cluster each head falls in</h2>
 <p class="note">Left: every head coloured by the cluster most of its maps fall in (N = noise). Right: how
 consistently it does so across examples (1 - normalised entropy of the head's cluster distribution):
 1 means the head shows the same pattern on every input, 0 that it spreads evenly over the clusters.</p>
-{_img(figs["grid"], "dominant cluster per head, and consistency")}</section>"""
+{_img(figs.grid, "dominant cluster per head, and consistency")}</section>"""
 
 
-def _detectors_section(d: dict, figs: dict) -> str:
-    det = d.get("detectors")
-    if not figs.get("detectors") or not det:
-        return ""
+def _detectors_section(findings: Findings, figs: _Figures) -> str:
+    det = findings.detectors
     rows = []
-    for name in det["names"]:
-        v = np.asarray(det["scores"][name], dtype=np.float64)
+    for name in det.names:
+        v = np.asarray(det.scores[name], dtype=np.float64)
         if np.isfinite(v).any():
             li, hi = np.unravel_index(np.nanargmax(v), v.shape)
-            layers, heads = d.get("layers") or list(range(v.shape[0])), d.get("heads") or list(range(v.shape[1]))
-            best = f"L{layers[li]}-H{heads[hi]} ({v[li, hi]:.2f})"
+            best = f"L{findings.layers[li]}-H{findings.heads[hi]} ({v[li, hi]:.2f})"
         else:
             best = "undefined on this data (no example has a repeated token)"
-        rows.append(f"<tr><td>{_e(name)}</td><td>{_e(best)}</td>"
-                    f"<td class=n>{_e(det.get('examples', {}).get(name, ''))}</td></tr>")
+        rows.append(f"<tr><td>{_e(name)}</td><td>{_e(best)}</td><td class=n>{_e(det.examples[name])}</td></tr>")
     return f"""
 <section id="detectors"><h2>Head detectors</h2>
 <p class="note">The detectors of TransformerLens, scored per map at full resolution: the attention mass on
@@ -334,76 +330,55 @@ examples where it is defined. 1 is a pure pattern; a uniform map scores about 1/
 repeated tokens: set <code>data.probe.count</code> to append repeated random-token probes.</p>
 <table><thead><tr><th>detector</th><th>strongest head</th><th class=n>examples</th></tr></thead>
 <tbody>{''.join(rows)}</tbody></table>
-{_img(figs["detectors"], "head detector scores per layer and head")}</section>"""
+{_img(figs.detectors, "head detector scores per layer and head")}</section>"""
 
 
-def _cluster_index(d: dict, colors: dict) -> str:
-    rows = []
-    for c in d.get("clusters") or []:
-        cid = c.get("id")
-        rgb = "#%02x%02x%02x" % tuple(int(255 * v) for v in colors.get(cid, figures.NOISE_COLOR)[:3])
-        rows.append(
-            f'<tr><td><span class="swatch" style="background:{rgb}"></span>'
-            f'<a href="#{_anchor(cid)}">{_e(_cluster_name(cid))}</a></td>'
-            f"<td class=n>{_e(_num(c.get('size')))}</td><td class=n>{_e(_pct(c.get('share')))}</td>"
-            f"<td>{_e(c.get('summary'))}</td><td>{_e(c.get('dominant_description'))}</td></tr>")
+def _swatch(cid: int, colors: dict) -> str:
+    rgb = "".join(f"{int(255 * v):02x}" for v in colors[cid][:3])
+    return f'<span class="swatch" style="background:#{rgb}"></span>'
+
+
+def _cluster_index(clusters: list[ClusterFinding], colors: dict) -> str:
+    rows = [f'<tr><td>{_swatch(c.id, colors)}<a href="#{_anchor(c.id)}">{_e(_cluster_name(c.id))}</a></td>'
+            f"<td class=n>{_e(_num(c.size))}</td><td class=n>{_e(_pct(c.share))}</td>"
+            f"<td>{_e(c.summary)}</td><td>{_e(c.dominant_description)}</td></tr>" for c in clusters]
     return f"""<table><thead><tr><th>cluster</th><th class=n>maps</th><th class=n>share</th><th>what sets it apart</th>
 <th>where</th></tr></thead><tbody>{"".join(rows)}</tbody></table>"""
 
 
-def _signature_table(c: dict, d: dict) -> str:
-    rows = []
-    for s in c.get("signature") or []:
-        rows.append(f"<tr><td>{_e(s.get('label') or s.get('stat'))} <span class=note>({_e(s.get('stat'))})</span></td>"
-                    f"<td class=n>{_e(_num(s.get('mean')))}</td><td class=n>{_e(_num(s.get('overall')))}</td>"
-                    f"<td class=n>{_e(_num(s.get('z'), 2))}</td></tr>")
-    table = ""
-    if rows:
-        table = ("<table><thead><tr><th>statistic</th><th class=n>cluster mean</th><th class=n>overall</th>"
-                 f"<th class=n>z</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
-    means = c.get("means") or {}
-    if means:
-        labels = d.get("stat_labels") or {}
-        overall = d.get("global_means") or {}
-        names = list(d.get("stat_names") or means.keys())
-        all_rows = "".join(
-            f"<tr><td>{_e(labels.get(n, n))} <span class=note>({_e(n)})</span></td>"
-            f"<td class=n>{_e(_num(means.get(n)))}</td><td class=n>{_e(_num(overall.get(n)))}</td></tr>"
-            for n in names if n in means)
-        table += ("<details><summary>every statistic</summary><table><thead><tr><th>statistic</th>"
-                  "<th class=n>cluster mean</th><th class=n>overall</th></tr></thead>"
-                  f"<tbody>{all_rows}</tbody></table></details>")
-    return table
+def _signature_table(c: ClusterFinding, findings: Findings) -> str:
+    rows = "".join(f"<tr><td>{_e(s.label)} <span class=note>({_e(s.stat)})</span></td>"
+                   f"<td class=n>{_e(_num(s.mean))}</td><td class=n>{_e(_num(s.overall))}</td>"
+                   f"<td class=n>{_e(_num(s.z, 2))}</td></tr>" for s in c.signature)
+    all_rows = "".join(
+        f"<tr><td>{_e(findings.stat_labels[n])} <span class=note>({_e(n)})</span></td>"
+        f"<td class=n>{_e(_num(c.means[n]))}</td><td class=n>{_e(_num(findings.global_means[n]))}</td></tr>"
+        for n in findings.stat_names)
+    return ("<table><thead><tr><th>statistic</th><th class=n>cluster mean</th><th class=n>overall</th>"
+            f"<th class=n>z</th></tr></thead><tbody>{rows}</tbody></table>"
+            "<details><summary>every statistic</summary><table><thead><tr><th>statistic</th>"
+            "<th class=n>cluster mean</th><th class=n>overall</th></tr></thead>"
+            f"<tbody>{all_rows}</tbody></table></details>")
 
 
-def _heads_table(c: dict) -> str:
-    th = c.get("top_heads") or []
-    out = ""
-    if th:
-        rows = "".join(
-            f"<tr><td>L{_e(h.get('layer'))} H{_e(h.get('head'))}</td>"
-            f"<td class=n>{_e(_pct(h.get('share_of_head')))}</td>"
-            f"<td class=n>{_e(_pct(h.get('share_of_cluster')))}</td></tr>" for h in th)
-        out += ("<table><thead><tr><th>head</th><th class=n>of the head's maps</th>"
-                f"<th class=n>of this cluster</th></tr></thead><tbody>{rows}</tbody></table>")
-    tl = [x for x in c.get("top_layers") or [] if (x.get("share_of_cluster") or 0) >= 0.005]
+def _heads_table(c: ClusterFinding) -> str:
+    rows = "".join(f"<tr><td>L{_e(h.layer)} H{_e(h.head)}</td><td class=n>{_e(_pct(h.share_of_head))}</td>"
+                   f"<td class=n>{_e(_pct(h.share_of_cluster))}</td></tr>" for h in c.top_heads)
+    out = ("<table><thead><tr><th>head</th><th class=n>of the head's maps</th>"
+           f"<th class=n>of this cluster</th></tr></thead><tbody>{rows}</tbody></table>")
+    tl = [x for x in c.top_layers if x.share_of_cluster >= 0.005]
     if tl:
-        out += ("<p>Layers: " + ", ".join(f"{_e(x.get('layer'))} ({_e(_pct(x.get('share_of_cluster')))})" for x in tl)
+        out += ("<p>Layers: " + ", ".join(f"{_e(x.layer)} ({_e(_pct(x.share_of_cluster))})" for x in tl)
                 + " <span class=note>(share of this cluster's maps)</span></p>")
     return out
 
 
-def _meta_lines(c: dict) -> str:
-    parts = []
-    g = c.get("groups") or {}
-    if g.get("top") is not None:
-        flag = ' <span class="flag">dominated by one group</span>' if g.get("dominated") else ""
-        parts.append(f"<p>Most common group: <b>{_e(g.get('top'))}</b>, {_e(_pct(g.get('share')))} of this cluster's "
-                     f"maps vs {_e(_pct(g.get('overall_share')))} of all maps.{flag}</p>")
-    labels = c.get("labels") or {}
-    if labels:
-        parts.append("<p>Labels: " + ", ".join(f"{_e(k)} {_e(_pct(v))}" for k, v in labels.items()) + "</p>")
-    return "".join(parts)
+def _meta_lines(c: ClusterFinding) -> str:
+    g = c.groups
+    flag = ' <span class="flag">dominated by one group</span>' if g.dominated else ""
+    return (f"<p>Most common group: <b>{_e(g.top)}</b>, {_e(_pct(g.share))} of this cluster's "
+            f"maps vs {_e(_pct(g.overall_share))} of all maps.{flag}</p>"
+            "<p>Labels: " + ", ".join(f"{_e(k)} {_e(_pct(v))}" for k, v in c.labels.items()) + "</p>")
 
 
 def _safe_rel(path, report_dir: Path) -> str | None:
@@ -420,18 +395,21 @@ def _safe_rel(path, report_dir: Path) -> str | None:
     return pp.as_posix()
 
 
-def _headview_links(c: dict, paths: list[str] | None, report_dir: Path) -> str:
+def _headview_links(c: ClusterFinding, paths: list[str] | None, report_dir: Path) -> str:
+    """Links to the cluster's head-view pages, the i-th page showing the i-th exemplar example."""
     if not paths:
         return ""
-    items = c.get("exemplar_examples") or []
+    items = c.exemplar_examples
     links = []
     for i, p in enumerate(paths):
         rel = _safe_rel(p, report_dir)
         if rel is None:
             continue
-        it = items[i] if i < len(items) else {}
-        ex = it.get("example_id", it.get("example_index"))
-        label = f"layer {it.get('layer')} head {it.get('head')}, example {ex}" if it else PurePosixPath(rel).name
+        if i < len(items):
+            it = items[i]
+            label = f"layer {it.layer} head {it.head}, example {it.example_id}"
+        else:
+            label = PurePosixPath(rel).name
         links.append(f'<li><a href="{_e(quote(rel))}">{_e(label)}</a></li>')
     if not links:
         return ""
@@ -439,28 +417,23 @@ def _headview_links(c: dict, paths: list[str] | None, report_dir: Path) -> str:
             f"<ul>{''.join(links)}</ul>")
 
 
-def _cluster_section(k: int, c: dict, d: dict, figs: dict, colors: dict, headviews: dict | None,
-                     report_dir: Path, have_thumbs: bool) -> str:
-    cid = c.get("id")
-    rgb = "#%02x%02x%02x" % tuple(int(255 * v) for v in colors.get(cid, figures.NOISE_COLOR)[:3])
-    occ = figs["occupancy"].get(k)
-    mont = figs["montage"].get(k)
-    fig_html = _img(occ, f"{_cluster_name(cid)}: share of each head's maps")
-    if mont:
-        fig_html += _img(mont, f"{_cluster_name(cid)}: mean map and exemplars")
-    elif not have_thumbs:
+def _cluster_section(k: int, c: ClusterFinding, findings: Findings, figs: _Figures, colors: dict,
+                     headviews: dict | None, report_dir: Path, no_thumbs: bool) -> str:
+    name = _cluster_name(c.id)
+    fig_html = _img(figs.occupancy.get(k), f"{name}: share of each head's maps")
+    if k in figs.montage:
+        fig_html += _img(figs.montage[k], f"{name}: mean map and exemplars")
+    elif no_thumbs:
         fig_html += '<p class="note">No thumbnails were kept (extract.thumbnail_size: 0), so no map images.</p>'
-    hv = None
-    if headviews:
-        hv = headviews.get(cid, headviews.get(str(cid)))
+    hv = headviews.get(c.id) if headviews else None
     return f"""
-<section class="cluster" id="{_anchor(cid)}">
-<h3><span class="swatch" style="background:{rgb}"></span>{_e(_cluster_name(cid).capitalize())}:
-{_e(_num(c.get('size')))} maps ({_e(_pct(c.get('share')))})</h3>
-<p class="summary">{_e(c.get('summary'))}</p>
-<p class="where"><b>Where:</b> {_e(c.get('dominant_description'))}</p>
+<section class="cluster" id="{_anchor(c.id)}">
+<h3>{_swatch(c.id, colors)}{_e(name.capitalize())}:
+{_e(_num(c.size))} maps ({_e(_pct(c.share))})</h3>
+<p class="summary">{_e(c.summary)}</p>
+<p class="where"><b>Where:</b> {_e(c.dominant_description)}</p>
 <div class="row"><div class="text">
-{_signature_table(c, d)}
+{_signature_table(c, findings)}
 {_heads_table(c)}
 {_meta_lines(c)}
 {_headview_links(c, hv, report_dir)}
@@ -468,34 +441,25 @@ def _cluster_section(k: int, c: dict, d: dict, figs: dict, colors: dict, headvie
 </section>"""
 
 
-def _meta_p(m: dict) -> tuple[float | None, str]:
+def _meta_p(m: MetadataTest) -> tuple[float | None, str]:
     """The p-value to state the finding with, and how it was obtained. A permutation p (example values
     shuffled as units) is preferred: the chi-square test counts every map of an example as an
     independent sample, which they are not."""
-    for key, how in (("p_permutation", "permutation"), ("p", "test"), ("chi2_p_maps", "chi-square on maps")):
-        v = m.get(key)
-        if v is not None and not _is_nan(v):
-            return float(v), how
+    if m.p_permutation is not None:
+        return float(m.p_permutation), "permutation"
+    if not _is_nan(m.chi2_p_maps):
+        return float(m.chi2_p_maps), "chi-square on maps"
     return None, ""
 
 
-def _metadata_block(key: str, m: dict) -> str:
+def _metadata_block(key: str, m: MetadataTest) -> str:
     p, how = _meta_p(m)
-    perms = m.get("permutations")
-    cols = [("chi-square", _num(m.get("chi2"))), ("dof", _num(m.get("dof")))]
-    if "chi2_p_maps" in m:
-        cols.append(("chi-square p (maps as independent)", _pval(m.get("chi2_p_maps"))))
-    if "p_permutation" in m:
-        cols.append((f"permutation p ({_num(perms)} shuffles)" if perms else "permutation p",
-                     _pval(m.get("p_permutation"))))
-    if "p" in m:
-        cols.append(("p", _pval(m.get("p"))))
-    cols += [("mutual information", _num(m.get("mutual_info"))), ("normalised MI", _num(m.get("nmi")))]
-    n = m.get("n_maps", m.get("n"))
-    if n is not None:
-        cols.append(("maps", _num(n)))
-    if m.get("n_values") is not None:
-        cols.append((f"{key} values", _num(m.get("n_values"))))
+    perms = m.permutations
+    cols = [("chi-square", _num(m.chi2)), ("dof", _num(m.dof)),
+            ("chi-square p (maps as independent)", _pval(m.chi2_p_maps)),
+            (f"permutation p ({_num(perms)} shuffles)" if perms else "permutation p", _pval(m.p_permutation)),
+            ("mutual information", _num(m.mutual_info)), ("normalised MI", _num(m.nmi)), ("maps", _num(m.n_maps)),
+            (f"{key} values", _num(m.n_values))]
     head = "".join(f"<th class=n>{_e(c)}</th>" for c, _ in cols)
     cells = "".join(f"<td class=n>{_e(v)}</td>" for _, v in cols)
 
@@ -520,75 +484,64 @@ def _metadata_block(key: str, m: dict) -> str:
         method = "Test of independence"
     return f"""<h3>Cluster vs example {_e(key)}</h3>
 <table><thead><tr>{head}</tr></thead><tbody><tr>{cells}</tr></tbody></table>
-<p>{method}: {verdict} Normalised mutual information ({_e(_num(m.get('nmi')))}) says how much of the cluster
+<p>{method}: {verdict} Normalised mutual information ({_e(_num(m.nmi))}) says how much of the cluster
 assignment the {_e(key)} explains (0 = nothing, 1 = all of it), whatever the p-value.</p>"""
 
 
-def _metadata_section(d: dict) -> str:
-    meta = d.get("metadata") or {}
+def _metadata_section(meta: MetadataFindings) -> str:
     blocks = []
-    for key in ("label", "group"):
-        m = meta.get(key)
-        if not m:
+    for key, m in (("label", meta.label), ("group", meta.group)):
+        if m is None:
             blocks.append(f"<h3>Cluster vs example {key}</h3><p class=note>Not tested: the data has no {key}s, "
                           "or only one value.</p>")
-            continue
-        blocks.append(_metadata_block(key, m))
+        else:
+            blocks.append(_metadata_block(key, m))
+    probes = meta.probe_examples_excluded
     return f"""
 <section id="metadata"><h2>Clusters and example metadata</h2>
 <p class="note">Does knowing which cluster a map falls in tell you something about the example it came from?
-Noise maps are left out{_e(f", and so are the {meta['probe_examples_excluded']} repeated-token probe examples"
- if meta.get("probe_examples_excluded") else "")}.</p>
+Noise maps are left out{_e(f", and so are the {probes} repeated-token probe examples" if probes else "")}.</p>
 {"".join(blocks)}</section>"""
 
 
-def _k_sweep_section(d: dict, figs: dict) -> str:
-    ks = d.get("k_sweep")
-    if not ks or not figs.get("k_sweep"):
+def _k_sweep_section(findings: Findings, figs: _Figures) -> str:
+    ks = findings.k_sweep
+    if figs.k_sweep is None:
         return ""
-    chosen = ks.get("chosen")
-    inertia = ks.get("inertia") or []
-    sil = ks.get("silhouette") or []
     rows = "".join(
-        f'<tr{" class=chosen" if k == chosen else ""}><td class=n>{_e(k)}</td>'
-        f"<td class=n>{_e(_num(inertia[i] if i < len(inertia) else None))}</td>"
-        f"<td class=n>{_e(_num(sil[i] if i < len(sil) else None))}</td></tr>"
-        for i, k in enumerate(ks.get("k") or []))
+        f'<tr{" class=chosen" if k == ks.chosen else ""}><td class=n>{_e(k)}</td>'
+        f"<td class=n>{_e(_num(inertia))}</td><td class=n>{_e(_num(sil))}</td></tr>"
+        for k, inertia, sil in zip(ks.k, ks.inertia, ks.silhouette))
     return f"""
 <section id="k-sweep"><h2>Choosing k</h2>
-<p>Chosen k: <b>{_e(chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.</p>
-<div class="row"><div>{_img(figs["k_sweep"], "inertia and silhouette against k")}</div>
+<p>Chosen k: <b>{_e(ks.chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.</p>
+<div class="row"><div>{_img(figs.k_sweep, "inertia and silhouette against k")}</div>
 <div><table><thead><tr><th class=n>k</th><th class=n>inertia</th><th class=n>silhouette</th></tr></thead>
 <tbody>{rows}</tbody></table></div></div></section>"""
 
 
-def render_html(d: dict, figs: dict, headviews: dict | None, report_dir: Path, have_thumbs: bool) -> str:
-    clusters = d.get("clusters") or []
-    colors = figures.cluster_colors([c["id"] for c in clusters])
-    model = (d.get("model") or {}).get("name", "")
-    data_path = (d.get("data") or {}).get("path", "")
-    counts = d.get("counts") or {}
-    clustering = d.get("clustering") or {}
-    title = f"Attention-map clusters: {model}" + (f" on {Path(str(data_path)).name}" if data_path else "")
-    sub = (f"{_num(counts.get('examples'))} examples, {_num(counts.get('maps'))} maps, "
-           f"{len([c for c in clusters if c.get('id') != -1])} clusters ({clustering.get('method', '?')}, "
-           f"silhouette {_num(clustering.get('silhouette'))})")
+def render_html(overview: RunOverview, findings: Findings, figs: _Figures, headviews: dict | None,
+                report_dir: Path, no_thumbs: bool) -> str:
+    """The page. no_thumbs: the store kept no thumbnails, which the cluster sections say."""
+    clusters = findings.clusters
+    colors = figures.cluster_colors([c.id for c in clusters])
+    data_path = overview.data["path"]
+    title = f"Attention-map clusters: {overview.model['name']}" + (
+        f" on {Path(str(data_path)).name}" if data_path else "")
+    cl = overview.clustering
+    sub = (f"{_num(overview.counts['examples'])} examples, {_num(overview.counts['maps'])} maps, "
+           f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {_num(cl.silhouette)})")
     nav = [("overview", "Overview")]
-    if d.get("warnings"):
-        nav.insert(0, ("warnings", f"Warnings ({len(d['warnings'])})"))
-    if figs["scatter"]:
+    if findings.warnings:
+        nav.insert(0, ("warnings", f"Warnings ({len(findings.warnings)})"))
+    if figs.scatter:
         nav.append(("map", "2-D map"))
-    if figs.get("grid"):
-        nav.append(("heads", "Heads"))
-    if figs.get("detectors"):
-        nav.append(("detectors", "Detectors"))
-    nav.append(("clusters", "Clusters"))
-    nav.append(("metadata", "Metadata"))
-    if figs.get("k_sweep"):
+    nav += [("heads", "Heads"), ("detectors", "Detectors"), ("clusters", "Clusters"), ("metadata", "Metadata")]
+    if figs.k_sweep:
         nav.append(("k-sweep", "Choosing k"))
     nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
-    sections = "".join(
-        _cluster_section(k, c, d, figs, colors, headviews, report_dir, have_thumbs) for k, c in enumerate(clusters))
+    sections = "".join(_cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs)
+                       for k, c in enumerate(clusters))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -599,20 +552,20 @@ def render_html(d: dict, figs: dict, headviews: dict | None, report_dir: Path, h
 <h1>{_e(title)}</h1>
 <p class="sub">{_e(sub)}</p>
 <nav>{nav_html}</nav>
-{_warnings(d)}
-{_overview(d)}
+{_warnings(findings.warnings)}
+{_overview(overview)}
 {_map_section(figs)}
 {_heads_section(figs)}
-{_detectors_section(d, figs)}
+{_detectors_section(findings, figs)}
 <section id="clusters"><h2>Clusters</h2>
 <p class="note">Sorted by size. "What sets it apart" names the statistics whose cluster mean differs most
 from the overall mean (in standard deviations, z); "where" names the layers and heads whose maps make up
 most of the cluster.</p>
-{_cluster_index(d, colors)}
+{_cluster_index(clusters, colors)}
 {sections}
 </section>
-{_metadata_section(d)}
-{_k_sweep_section(d, figs)}
+{_metadata_section(findings.metadata)}
+{_k_sweep_section(findings, figs)}
 <footer>Written by rapids_attn on {_e(now)}. Static page: no scripts, no external resources.</footer>
 </main></body></html>
 """
@@ -622,9 +575,11 @@ most of the cluster.</p>
 # entry point
 
 
-def write_report(run_dir, d: dict, arrays: dict | None, headviews: dict[int, list[str]] | None = None) -> Path:
+def write_report(run_dir, overview: RunOverview, findings: Findings, arrays: FigureArrays | None,
+                 headviews: dict[int, list[str]] | None = None) -> Path:
     """Write ``run_dir/report/index.html`` and its figures; return the path of ``index.html``.
 
+    ``arrays`` None leaves out the figures drawn from them (2-D map, occupancy, montages).
     ``headviews`` maps a cluster id to the head-view pages written for it (paths relative to
     ``report/``, as :func:`rapids_attn.explain.headview.write_head_views` returns them); links are
     made only to pages that exist inside the report folder.
@@ -635,13 +590,13 @@ def write_report(run_dir, d: dict, arrays: dict | None, headviews: dict[int, lis
     index.unlink(missing_ok=True)  # a page from an earlier run must not survive a failed rewrite
     for old in report_dir.glob(STAGING_PREFIX + "*"):  # left by a process that was killed
         shutil.rmtree(old, ignore_errors=True)
-    arrays = arrays or {}
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=report_dir))
     try:
-        figs = _make_figures(stage, d, arrays)
-        page = render_html(d, figs, headviews, report_dir, have_thumbs=arrays.get("mean_thumbs") is not None)
+        figs = _make_figures(stage, overview, findings, arrays)
+        no_thumbs = arrays is not None and arrays.mean_thumbs is None
+        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs)
         (stage / "index.html").write_text(page, encoding="utf-8")
-        names = set(_figure_names(figs))
+        names = set(figs.names())
         for old in report_dir.iterdir():
             if old.is_file() and _FIGURE_RE.match(old.name) and old.name not in names:
                 old.unlink()

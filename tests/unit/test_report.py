@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from html.parser import HTMLParser
@@ -11,6 +12,24 @@ import numpy as np
 import pytest
 
 from rapids_attn.explain import figures, report
+from rapids_attn.explain.findings import (
+    ClusterFinding,
+    ClusteringOverview,
+    ExemplarRef,
+    FigureArrays,
+    Findings,
+    GroupShare,
+    HeadDetectors,
+    HeadShare,
+    HeadTable,
+    KSweep,
+    LayerShare,
+    MetadataFindings,
+    MetadataTest,
+    RunOverview,
+    ScatterSample,
+    SignatureItem,
+)
 from rapids_attn.explain.report import write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -18,66 +37,71 @@ EVIL = "<script>alert('x')</script>"
 STATS = ["entropy", "entropy_norm", "first", "sep", "punct", "self", "prev", "next", "distance", "max"]
 
 
-def fake_describe(thumbs: bool = True, noise: bool = False):
-    """A describe() result for 3 clusters (plus noise if asked) over 2 layers x 3 heads."""
+def fake_overview(total: int) -> RunOverview:
+    return RunOverview(
+        model={"name": "tiny-bert", "n_layers": 2, "n_heads": 3},
+        data={"path": "/data/pairs.jsonl", "format": "jsonl"},
+        counts={"examples": 10, "maps": total, "layers": 2, "heads": 3, "truncated_examples": 0, "mean_tokens": 21.5},
+        backend={"extract_devices": ["cpu"], "learn": "sklearn",
+                 "runtime": {"cluster": "local", "n_workers": 1, "dashboard": "http://127.0.0.1:8787/status"}},
+        seconds={"preflight": 1.0, "extract": 45.6, "learn": 2.0, "explain": 0.1},
+        clustering=ClusteringOverview(coords="umap", method="kmeans", n_clusters=3, silhouette=0.22, noise_share=0.0,
+                                      embedder="pooled"))
+
+
+def fake_describe(thumbs: bool = True, noise: bool = False) -> tuple[RunOverview, Findings, FigureArrays]:
+    """A describe() result for 3 clusters (plus noise if asked) over 2 layers x 3 heads, and its run overview."""
     rng = np.random.default_rng(0)
     layers, heads = [0, 1], [0, 1, 2]
     ids = [2, 0, 1] + ([-1] if noise else [])
     sizes = [30, 20, 10] + ([4] if noise else [])
     total = sum(sizes)
     groups = ["Normans", EVIL, "Tide & <pools>", "Normans"]
-    global_means = {s: float(rng.uniform(0, 2)) for s in STATS}
     clusters = []
     for k, (cid, size) in enumerate(zip(ids, sizes)):
-        clusters.append({
-            "id": cid, "size": size, "share": size / total,
-            "summary": f"attends to [SEP]/EOS: 0.{k + 5}1 vs 0.18 overall; low entropy <{k}>",
-            "signature": [{"stat": "sep", "label": "attends to [SEP]/EOS", "mean": 0.71, "overall": 0.18, "z": 2.3},
-                          {"stat": "entropy", "label": "entropy", "mean": 0.9, "overall": 2.1, "z": -1.7}],
-            "means": {s: float(rng.uniform(0, 2)) for s in STATS},
-            "top_heads": [{"layer": 1, "head": k % 3, "share_of_head": 0.98, "share_of_cluster": 0.4}],
-            "top_layers": [{"layer": 1, "share_of_cluster": 0.6}, {"layer": 0, "share_of_cluster": 0.4}],
-            "dominant_description": f"layers 1-{k}; heads 1.{k}, 0.2",
-            "groups": {"top": groups[k], "share": 0.12, "overall_share": 0.08, "dominated": k == 1},
-            "labels": {"answerable": 0.48, "impossible": 0.52},
-            "exemplar_examples": [{"example_index": 1, "example_id": "q1", "layer": 1, "head": k % 3}],
-        })
-    d = {
-        "model": {"name": "tiny-bert", "n_layers": 2, "n_heads": 3},
-        "data": {"path": "/data/pairs.jsonl", "format": "jsonl"},
-        "counts": {"examples": 10, "maps": total, "layers": 2, "heads": 3, "truncated_examples": 0,
-                   "mean_tokens": 21.5},
-        "backend": {"extract_devices": ["cpu"], "learn": "sklearn",
-                    "runtime": {"cluster": "local", "n_workers": 1, "dashboard": "http://127.0.0.1:8787/status"}},
-        "seconds": {"preflight": 1.0, "extract": 45.6, "learn": 2.0, "explain": 0.1},
-        "clustering": {"method": "kmeans", "n_clusters": 3, "silhouette": 0.22, "noise_share": 0.0,
-                       "embedder": "pooled"},
-        "layers": layers, "heads": heads, "stat_names": STATS,
-        "stat_labels": {s: f"label of {s}" for s in STATS}, "global_means": global_means,
-        "clusters": clusters,
-        "heads_table": {"dominant_cluster": [[2, 0, 1], [2, 2, -1 if noise else 0]],
-                        "consistency": [[0.9, 0.5, 0.1], [1.0, 0.0, 0.33]]},
-        "metadata": {"label": {"chi2": 12.3, "p": 0.004, "dof": 2, "mutual_info": 0.02, "nmi": 0.01, "n": total},
-                     # the form describe() writes: a permutation p over examples beside the per-map chi-square p
-                     "group": {"mutual_info": 0.001, "nmi": 0.001, "p_permutation": 0.52, "permutations": 200,
-                               "chi2": 1.3, "chi2_p_maps": 0.001, "dof": 4, "n_maps": total, "n_values": 3}},
-        "warnings": [f"cluster 0: 61% of its maps come from group '{EVIL}' (8% overall): a trivial cluster?"],
-        "k_sweep": {"k": [2, 3, 4, 5], "inertia": [100.0, 70.0, 60.0, 55.0], "silhouette": [0.3, 0.22, 0.2, None],
-                    "chosen": 3},
-    }
+        clusters.append(ClusterFinding(
+            id=cid, size=size, share=size / total,
+            summary=f"attends to [SEP]/EOS: 0.{k + 5}1 vs 0.18 overall; low entropy <{k}>",
+            signature=[SignatureItem(stat="sep", label="attends to [SEP]/EOS", mean=0.71, overall=0.18, z=2.3),
+                       SignatureItem(stat="entropy", label="entropy", mean=0.9, overall=2.1, z=-1.7)],
+            means={s: float(rng.uniform(0, 2)) for s in STATS},
+            top_heads=[HeadShare(layer=1, head=k % 3, share_of_head=0.98, share_of_cluster=0.4)],
+            top_layers=[LayerShare(layer=1, share_of_cluster=0.6), LayerShare(layer=0, share_of_cluster=0.4)],
+            dominant_description=f"layers 1-{k}; heads 1.{k}, 0.2",
+            groups=GroupShare(top=groups[k], share=0.12, overall_share=0.08, dominated=k == 1),
+            labels={"answerable": 0.48, "impossible": 0.52}, patterns={}, pattern=None,
+            exemplar_examples=[ExemplarRef(example_index=1, example_id="q1", layer=1, head=k % 3)]))
+    det = {"prev": np.full((2, 3), 0.3), "dup": np.full((2, 3), 0.2), "induction": np.full((2, 3), np.nan)}
+    findings = Findings(
+        layers=layers, heads=heads, stat_names=STATS, stat_labels={s: f"label of {s}" for s in STATS},
+        global_means={s: float(rng.uniform(0, 2)) for s in STATS}, clusters=clusters,
+        heads_table=HeadTable(dominant_cluster=np.array([[2, 0, 1], [2, 2, -1 if noise else 0]]),
+                              consistency=np.array([[0.9, 0.5, 0.1], [1.0, 0.0, 0.33]])),
+        metadata=MetadataFindings(
+            # explain.permutations: 0, so only the per-map chi-square p
+            label=MetadataTest(mutual_info=0.02, nmi=0.01, p_permutation=None, permutations=0, chi2=12.3,
+                               chi2_p_maps=0.004, dof=2, n_maps=total, n_values=2),
+            # a permutation p over examples beside the per-map chi-square p
+            group=MetadataTest(mutual_info=0.001, nmi=0.001, p_permutation=0.52, permutations=200, chi2=1.3,
+                               chi2_p_maps=0.001, dof=4, n_maps=total, n_values=3),
+            probe_examples_excluded=0),
+        warnings=[f"cluster 0: 61% of its maps come from group '{EVIL}' (8% overall): a trivial cluster?"],
+        k_sweep=KSweep(k=[2, 3, 4, 5], inertia=[100.0, 70.0, 60.0, 55.0], silhouette=[0.3, 0.22, 0.2, None],
+                       best_silhouette_k=2, n=60, chosen=3),
+        detectors=HeadDetectors(names=list(det), scores=det, examples={"prev": 10, "dup": 4, "induction": 0}))
     K, m, t, n = len(clusters), 4, 8, 500
     ex = rng.random((K, m, t, t), dtype=np.float32)
     ex[0, 3] = np.nan  # a cluster with fewer exemplars than slots
-    arrays = {
-        "mean_thumbs": rng.random((K, t, t), dtype=np.float32) if thumbs else None,
-        "exemplar_thumbs": ex if thumbs else None,
-        "exemplar_info": [[(i, 1, j % 3) for i in range(m)] for j in range(K)] if thumbs else None,
-        "occupancy": rng.random((K, 2, 3), dtype=np.float32),
-        "scatter": {"x": rng.normal(size=n).astype(np.float32), "y": rng.normal(size=n).astype(np.float32),
-                    "cluster": rng.choice(ids, size=n).astype(np.int32),
-                    "layer": rng.integers(0, 2, size=n).astype(np.int16)},
-    }
-    return d, arrays
+    arrays = FigureArrays(
+        mean_thumbs=rng.random((K, t, t), dtype=np.float32) if thumbs else None,
+        exemplar_thumbs=ex if thumbs else None,
+        exemplar_info=[[(i, 1, j % 3) for i in range(m)] for j in range(K)],
+        occupancy=rng.random((K, 2, 3), dtype=np.float32),
+        scatter=ScatterSample(x=rng.normal(size=n).astype(np.float32), y=rng.normal(size=n).astype(np.float32),
+                              cluster=rng.choice(ids, size=n).astype(np.int32),
+                              layer=rng.integers(0, 2, size=n).astype(np.int16)),
+        head_detectors=np.stack(list(det.values()), axis=-1).astype(np.float32))
+    return fake_overview(total), findings, arrays
 
 
 class _Collect(HTMLParser):
@@ -117,13 +141,14 @@ def _section(page: str, anchor: str) -> str:
 
 @pytest.mark.parametrize("noise", [False, True])
 def test_report_complete_and_self_contained(tmp_path, noise):
-    d, arrays = fake_describe(noise=noise)
-    index = write_report(tmp_path, d, arrays, None)
+    overview, f, arrays = fake_describe(noise=noise)
+    index = write_report(tmp_path, overview, f, arrays, None)
     assert index == tmp_path / "report" / "index.html" and index.is_file()
     page = index.read_text(encoding="utf-8")
     parsed = _parse(page)
-    # every image is a relative path to a real PNG matplotlib can read
-    assert len(parsed.imgs) == 2 + 1 + 2 * len(d["clusters"]) + 1
+    # every image is a relative path to a real PNG matplotlib can read: two scatters, the grid, the
+    # detectors, occupancy and montage per cluster, and the k sweep
+    assert len(parsed.imgs) == 2 + 1 + 1 + 2 * len(f.clusters) + 1
     for src in parsed.imgs:
         assert not src.startswith(("/", "http", "data:")), src
         _assert_png(index.parent / src)
@@ -132,11 +157,10 @@ def test_report_complete_and_self_contained(tmp_path, noise):
     assert "http://" not in page and "https://" not in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(//|[a-z]+:)""", page)
     # each cluster section carries its own summary line and dominant description
-    for c in d["clusters"]:
-        sec = _section(page, report._anchor(c["id"]))
-        import html as _html
-        assert _html.escape(c["summary"]) in sec
-        assert _html.escape(c["dominant_description"]) in sec
+    for c in f.clusters:
+        sec = _section(page, report._anchor(c.id))
+        assert html.escape(c.summary) in sec
+        assert html.escape(c.dominant_description) in sec
     # warnings are visible, and strings from data are escaped
     assert 'id="warnings"' in page and "61% of its maps come from group" in page
     assert "<script>" not in page
@@ -145,7 +169,8 @@ def test_report_complete_and_self_contained(tmp_path, noise):
     # metadata verdicts at p < 0.01, and the k sweep
     meta = page[page.index('id="metadata"'):]
     label_part, group_part = meta.split("Cluster vs example group")
-    assert "is <b>stronger than chance</b> at p &lt; 0.01" in label_part
+    assert "is <b>stronger than chance</b> at p &lt; 0.01 (p = 0.004)" in label_part  # no shuffles: chi-square
+    assert "Chi-square test of independence over maps" in label_part
     assert "is <b>not stronger than chance</b> at p &lt; 0.01 (p = 0.52)" in group_part  # permutation p wins
     assert 'id="k-sweep"' in page
     # nothing staged is left behind
@@ -153,42 +178,44 @@ def test_report_complete_and_self_contained(tmp_path, noise):
 
 
 def test_report_without_thumbnails_or_sweep(tmp_path):
-    d, arrays = fake_describe(thumbs=False)
-    d["k_sweep"] = None
-    d["metadata"] = {"label": None, "group": None}
-    d["warnings"] = []
-    index = write_report(tmp_path, d, arrays, None)
+    overview, f, arrays = fake_describe(thumbs=False)
+    f.k_sweep = None
+    f.metadata = MetadataFindings(label=None, group=None, probe_examples_excluded=0)
+    f.warnings = []
+    index = write_report(tmp_path, overview, f, arrays, None)
     page = index.read_text(encoding="utf-8")
     for src in _parse(page).imgs:
         _assert_png(index.parent / src)
     assert not list(index.parent.glob("montage_*.png"))
     assert "No thumbnails were kept" in page
     assert 'id="k-sweep"' not in page and 'id="warnings"' not in page
+    assert "Not tested: the data has no labels" in page and "Not tested: the data has no groups" in page
 
 
 def test_report_says_when_permutations_cannot_reach_the_threshold(tmp_path):
-    d, arrays = fake_describe()
-    d["metadata"]["group"].update(p_permutation=1 / 51, permutations=50)
-    page = write_report(tmp_path, d, arrays, None).read_text(encoding="utf-8")
+    overview, f, arrays = fake_describe()
+    f.metadata.group.p_permutation, f.metadata.group.permutations = 1 / 51, 50
+    page = write_report(tmp_path, overview, f, arrays, None).read_text(encoding="utf-8")
     assert "smallest reachable p is 0.0196" in page and "raise explain.permutations" in page
 
 
 def test_report_links_existing_head_views_only(tmp_path):
-    d, arrays = fake_describe()
+    overview, f, arrays = fake_describe()
     hv = tmp_path / "report" / "headviews"
     hv.mkdir(parents=True)
     (hv / "cluster2_ex0.html").write_text("<html></html>")
-    index = write_report(tmp_path, d, arrays, {2: ["headviews/cluster2_ex0.html"], 0: ["headviews/missing.html"],
-                                               1: ["../../etc/passwd"]})
+    index = write_report(tmp_path, overview, f, arrays, {2: ["headviews/cluster2_ex0.html"],
+                                                         0: ["headviews/missing.html"], 1: ["../../etc/passwd"]})
     page = index.read_text(encoding="utf-8")
     assert 'href="headviews/cluster2_ex0.html"' in page
+    assert "layer 1 head 0, example q1" in _section(page, report._anchor(2))  # named by its exemplar
     assert "missing.html" not in page and "passwd" not in page
     assert (hv / "cluster2_ex0.html").is_file()  # rewriting the report leaves head views alone
 
 
 def test_no_report_when_a_figure_fails(tmp_path, monkeypatch):
-    d, arrays = fake_describe()
-    write_report(tmp_path, d, arrays, None)  # an earlier, complete report ...
+    overview, f, arrays = fake_describe()
+    write_report(tmp_path, overview, f, arrays, None)  # an earlier, complete report ...
     assert (tmp_path / "report" / "index.html").is_file()
 
     def boom(*args, **kwargs):
@@ -196,7 +223,7 @@ def test_no_report_when_a_figure_fails(tmp_path, monkeypatch):
 
     monkeypatch.setattr(figures, "montage_png", boom)
     with pytest.raises(RuntimeError, match="figure failed"):
-        write_report(tmp_path, d, arrays, None)
+        write_report(tmp_path, overview, f, arrays, None)
     # ... is not left looking complete, and no staging folder survives
     assert not list(tmp_path.rglob("index.html"))
     assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob(report.STAGING_PREFIX + "*"))
@@ -204,15 +231,15 @@ def test_no_report_when_a_figure_fails(tmp_path, monkeypatch):
 
 
 def test_figures_return_names_of_valid_pngs(tmp_path):
-    d, arrays = fake_describe(noise=True)
+    _, f, arrays = fake_describe(noise=True)
     names = [
-        figures.scatter_png(tmp_path, arrays["scatter"], "cluster"),
-        figures.scatter_png(tmp_path, arrays["scatter"], "layer"),
-        figures.dominant_grid_png(tmp_path, d["heads_table"], d["clusters"]),
-        figures.occupancy_png(tmp_path, 0, arrays["occupancy"][0], d["layers"], d["heads"]),
-        figures.montage_png(tmp_path, 0, arrays["mean_thumbs"][0], arrays["exemplar_thumbs"][0],
-                            arrays["exemplar_info"][0]),
-        figures.k_sweep_png(tmp_path, d["k_sweep"]),
+        figures.scatter_png(tmp_path, arrays.scatter, "cluster"),
+        figures.scatter_png(tmp_path, arrays.scatter, "layer"),
+        figures.dominant_grid_png(tmp_path, f.heads_table, [c.id for c in f.clusters]),
+        figures.occupancy_png(tmp_path, 0, arrays.occupancy[0], f.layers, f.heads),
+        figures.montage_png(tmp_path, 0, arrays.mean_thumbs[0], arrays.exemplar_thumbs[0], arrays.exemplar_info[0]),
+        figures.k_sweep_png(tmp_path, f.k_sweep),
+        figures.detectors_png(tmp_path, f.detectors.scores, f.detectors.names, f.layers, f.heads),
     ]
     assert len(set(names)) == len(names)
     for name in names:
@@ -220,7 +247,7 @@ def test_figures_return_names_of_valid_pngs(tmp_path):
         _assert_png(tmp_path / name)
         assert (tmp_path / name).stat().st_size < 300_000
     with pytest.raises(ValueError):
-        figures.scatter_png(tmp_path, arrays["scatter"], "head")
+        figures.scatter_png(tmp_path, arrays.scatter, "head")
 
 
 def test_head_view_offline(tmp_path, tiny_bert_dir):
@@ -277,18 +304,43 @@ def test_head_view_script_cannot_be_closed_by_a_token():
 
 
 def test_detectors_section_names_the_strongest_head(tmp_path):
-    from rapids_attn.explain.report import write_report
-
-    d, arrays = fake_describe()
-    n_l, n_h = len(d["layers"]), len(d["heads"])
+    overview, f, arrays = fake_describe()
+    n_l, n_h = len(f.layers), len(f.heads)
     prev = np.full((n_l, n_h), 0.1)
     prev[1, 2] = 0.97
-    d["detectors"] = {"names": ["prev", "dup", "induction"],
-                      "scores": {"prev": prev.tolist(), "dup": np.full((n_l, n_h), 0.2).tolist(),
-                                 "induction": np.full((n_l, n_h), np.nan).tolist()},
-                      "examples": {"prev": 10, "dup": 4, "induction": 0}}
-    page = write_report(tmp_path, d, arrays).read_text()
+    f.detectors = HeadDetectors(names=["prev", "dup", "induction"],
+                                scores={"prev": prev, "dup": np.full((n_l, n_h), 0.2),
+                                        "induction": np.full((n_l, n_h), np.nan)},
+                                examples={"prev": 10, "dup": 4, "induction": 0})
+    page = write_report(tmp_path, overview, f, arrays).read_text()
     sec = _section(page, "detectors")
-    assert f"L{d['layers'][1]}-H{d['heads'][2]} (0.97)" in sec
+    assert f"L{f.layers[1]}-H{f.heads[2]} (0.97)" in sec
     assert "undefined on this data" in sec  # induction never defined: said, not drawn as 0
     _assert_png(tmp_path / "report" / "detectors.png")
+
+
+@pytest.mark.parametrize("with_arrays", [True, False])
+def test_report_renders_describe_findings(tmp_path, with_arrays):
+    """describe's typed findings of a real store render as they are: every cluster section names its
+    signature and where it lives, and every image is a PNG beside the page (arrays None: no array figures)."""
+    from test_describe import known_store
+
+    from rapids_attn.explain.describe import describe
+    from rapids_attn.job import ExplainConfig
+
+    g, *_ = known_store(tmp_path, dominated_group=True, sweep=True)
+    f, arrays = describe(g, ExplainConfig(exemplars=4, head_views=2, permutations=20))
+    overview = fake_overview(sum(c.size for c in f.clusters))
+    page = write_report(tmp_path, overview, f, arrays if with_arrays else None).read_text(encoding="utf-8")
+    srcs = _parse(page).imgs
+    for src in srcs:
+        _assert_png(tmp_path / "report" / src)
+    assert len(srcs) == (2 + 2 * len(f.clusters) if with_arrays else 0) + 3  # grid, detectors, k sweep
+    for c in f.clusters:
+        sec = _section(page, report._anchor(c.id))
+        assert html.escape(c.summary) in sec and html.escape(c.dominant_description) in sec
+        assert all(html.escape(s.label) in sec for s in c.signature)
+        assert f"L{c.top_heads[0].layer} H{c.top_heads[0].head}" in sec
+    assert html.escape(f.warnings[0]) in page and 'class="flag"' in _section(page, report._anchor(3))
+    assert "Choosing k" in page and "<tr class=chosen><td class=n>3</td>" in page
+    assert "No thumbnails were kept" not in page  # the store has them; without arrays there are no map images
