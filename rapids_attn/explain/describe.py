@@ -43,24 +43,7 @@ from rapids_attn.explain.findings import (
     ScatterSample,
     SignatureItem,
 )
-from rapids_attn.store.schema import (
-    CLUSTER,
-    COORDS,
-    DETECTOR,
-    DETECTORS,
-    EXAMPLE_GROUP,
-    EXAMPLE_ID,
-    EXAMPLE_LABEL,
-    HEAD,
-    LAYER,
-    PATTERN,
-    REDUCED,
-    STAT,
-    STATS,
-    THUMBNAILS,
-    Attr,
-    read_strings,
-)
+from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import decode_thumbnails
 
 #: Plain words for each stat; {first} and {sep} are filled with the tokenizer's own tokens.
@@ -79,6 +62,7 @@ STAT_WORDS = {
 
 
 def stat_labels(stat_names: list[str], tokenizer=None) -> dict[str, str]:
+    """Each stat in plain words, naming the tokenizer's own first and separator tokens where it has them."""
     first = sep = None
     if tokenizer is not None:
         first = tokenizer.cls_token or tokenizer.bos_token
@@ -181,15 +165,15 @@ class _Maps:
 
 
 def _read_maps(g) -> _Maps:
-    cl = g[CLUSTER]
+    cl = g[S.CLUSTER]
     e, nl, nh = cl.shape
     labels = np.asarray(cl[:], dtype=np.int64).reshape(-1)
     ids = sorted(int(c) for c in np.unique(labels))
     lut = np.zeros(max(ids) + 2, dtype=np.int64)  # cluster id (-1 = noise) -> row 0..k-1
     lut[np.asarray(ids) + 1] = np.arange(len(ids))
     return _Maps(n_examples=e, n_layers=nl, n_heads=nh, chunk=cl.chunks[0],
-                 layers=[int(x) for x in g[LAYER][:]], heads=[int(x) for x in g[HEAD][:]],
-                 stat_names=[str(s) for s in g[STAT][:]], labels=labels, ids=ids, row=lut[labels + 1])
+                 layers=[int(x) for x in g[S.LAYER][:]], heads=[int(x) for x in g[S.HEAD][:]],
+                 stat_names=[str(s) for s in g[S.STAT][:]], labels=labels, ids=ids, row=lut[labels + 1])
 
 
 @dataclass
@@ -207,23 +191,23 @@ class _Sums:
 def _accumulate(g, maps: _Maps) -> _Sums:
     """One chunked pass: stat sums and squares, thumbnail sums, and centres in the reduced space."""
     k, n_stats = maps.k, len(maps.stat_names)
-    has_thumbs = THUMBNAILS in g
-    t = g[THUMBNAILS].shape[-1] if has_thumbs else 0
+    has_thumbs = S.THUMBNAILS in g
+    t = g[S.THUMBNAILS].shape[-1] if has_thumbs else 0
     stat_sum = np.zeros((k, n_stats))
     stat_sq = np.zeros(n_stats)
     thumb_sum = np.zeros((k, t, t)) if has_thumbs else None
-    red = g[REDUCED]
+    red = g[S.REDUCED]
     centre = np.zeros((k, red.shape[-1]))
     counts = np.zeros(k)
     for a, b in maps.blocks():
         lab = maps.rows_of(a, b)
-        st = np.asarray(g[STATS][a:b], dtype=np.float64).reshape(-1, n_stats)
+        st = np.asarray(g[S.STATS][a:b], dtype=np.float64).reshape(-1, n_stats)
         np.add.at(stat_sum, lab, st)
         stat_sq += (st ** 2).sum(0)
         np.add.at(centre, lab, np.asarray(red[a:b], dtype=np.float64).reshape(-1, red.shape[-1]))
         counts += np.bincount(lab, minlength=k)
         if has_thumbs:
-            np.add.at(thumb_sum, lab, decode_thumbnails(g[THUMBNAILS][a:b]).reshape(-1, t, t))
+            np.add.at(thumb_sum, lab, decode_thumbnails(g[S.THUMBNAILS][a:b]).reshape(-1, t, t))
     n = counts.sum()
     overall = stat_sum.sum(0) / n
     return _Sums(counts=counts, means=stat_sum / np.maximum(counts, 1)[:, None], overall=overall,
@@ -233,7 +217,7 @@ def _accumulate(g, maps: _Maps) -> _Sums:
 
 def _nearest(g, maps: _Maps, centre: np.ndarray, n_near: int) -> dict[int, list[int]]:
     """A second chunked pass: per cluster row, the n_near maps (flat indices) nearest its centre, nearest first."""
-    red = g[REDUCED]
+    red = g[S.REDUCED]
     best: dict[int, list[tuple[float, int]]] = {c: [] for c in range(maps.k)}
     for a, b in maps.blocks():
         lab = maps.rows_of(a, b)
@@ -266,16 +250,16 @@ def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
     Returns the rounded findings and the unrounded [layer, head, detector] float32 array for the store.
     """
     prev_j = maps.stat_names.index("prev") if "prev" in maps.stat_names else None
-    det_names = [str(x) for x in g[DETECTOR][:]] if DETECTOR in g else []
+    det_names = [str(x) for x in g[S.DETECTOR][:]] if S.DETECTOR in g else []
     names = ["prev", *det_names]
     det_sum = np.zeros((maps.n_layers, maps.n_heads, len(names)))
     det_n = np.zeros_like(det_sum)
     for a, b in maps.blocks():
         if prev_j is not None:
-            prev = np.asarray(g[STATS][a:b, :, :, prev_j:prev_j + 1], dtype=np.float64)
+            prev = np.asarray(g[S.STATS][a:b, :, :, prev_j:prev_j + 1], dtype=np.float64)
         else:  # a store without the stat: prev stays undefined (NaN) rather than shifting the detectors
             prev = np.full((b - a, maps.n_layers, maps.n_heads, 1), np.nan)
-        parts = [prev, np.asarray(g[DETECTORS][a:b], dtype=np.float64)] if det_names else [prev]
+        parts = [prev, np.asarray(g[S.DETECTORS][a:b], dtype=np.float64)] if det_names else [prev]
         v = np.concatenate(parts, axis=-1)
         det_sum += np.nansum(v, axis=0)
         det_n += (~np.isnan(v)).sum(0)
@@ -304,17 +288,17 @@ class _Examples:
 
 
 def _examples(g, maps: _Maps) -> _Examples:
-    groups = read_strings(g[EXAMPLE_GROUP])
-    labels = read_strings(g[EXAMPLE_LABEL])
+    groups = S.read_strings(g[S.EXAMPLE_GROUP])
+    labels = S.read_strings(g[S.EXAMPLE_LABEL])
     group_codes, group_inv = np.unique(groups, return_inverse=True)
     label_codes, label_inv = np.unique(labels, return_inverse=True)
-    pattern_classes = [str(c) for c in g.attrs.get(Attr.PATTERN_CLASSES, [])] if PATTERN in g else []
+    pattern_classes = [str(c) for c in g.attrs.get(S.Attr.PATTERN_CLASSES, [])] if S.PATTERN in g else []
     return _Examples(
-        ids=read_strings(g[EXAMPLE_ID]), groups=groups, labels=labels, group_codes=group_codes, group_inv=group_inv,
+        ids=S.read_strings(g[S.EXAMPLE_ID]), groups=groups, labels=labels, group_codes=group_codes, group_inv=group_inv,
         group_overall=np.bincount(group_inv, minlength=len(group_codes)) / maps.n_examples,
         label_codes=label_codes, label_inv=label_inv, of_map=np.repeat(np.arange(maps.n_examples), maps.per_ex),
         pattern_classes=pattern_classes,
-        patterns=np.asarray(g[PATTERN][:], dtype=np.int64).reshape(-1) if pattern_classes else None)
+        patterns=np.asarray(g[S.PATTERN][:], dtype=np.int64).reshape(-1) if pattern_classes else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,10 +359,10 @@ def _exemplar_picks(members: np.ndarray, near: list[int], m: int, rng: np.random
     return near + sorted(rand)
 
 
-def _describe_cluster(i: int, maps: _Maps, sums: _Sums, occ: tuple[np.ndarray, np.ndarray], ex: _Examples,
-                      words: dict[str, str], cfg, refs: list[ExemplarRef]) -> ClusterFinding:
-    """Cluster row i in words and numbers. occ: its maps per head and its share of each head's maps."""
-    members = np.flatnonzero(maps.row == i)
+def _describe_cluster(i: int, members: np.ndarray, maps: _Maps, sums: _Sums, occ: tuple[np.ndarray, np.ndarray],
+                      ex: _Examples, words: dict[str, str], cfg, refs: list[ExemplarRef]) -> ClusterFinding:
+    """Cluster row i (its maps: members) in words and numbers. occ: its maps per head and its share of
+    each head's maps."""
     size = int(sums.counts[i])
     signature = _signature(i, maps, sums, words)
     top_heads, top_layers, where = _where(maps, occ[0], occ[1], size)
@@ -422,9 +406,9 @@ def _metadata(maps: _Maps, ex: _Examples, cfg, seed: int) -> MetadataFindings:
 
 def _exemplar_thumbs(g, maps: _Maps, picks: list[list[int]], m: int) -> np.ndarray | None:
     """[cluster, m, t, t] thumbnails of the picked maps, NaN in unused slots; None without thumbnails."""
-    if THUMBNAILS not in g:
+    if S.THUMBNAILS not in g:
         return None
-    thumbs = g[THUMBNAILS]
+    thumbs = g[S.THUMBNAILS]
     t = thumbs.shape[-1]
     out = np.full((len(picks), m, t, t), np.nan, dtype=np.float32)
     for pos, flat in enumerate(picks):
@@ -439,7 +423,7 @@ def _scatter(g, maps: _Maps, rng: np.random.Generator, size: int) -> ScatterSamp
     n = len(maps.labels)
     samp = rng.choice(n, min(n, size), replace=False)
     samp.sort()
-    coords = np.asarray(g[COORDS][:], dtype=np.float32).reshape(-1, 2)
+    coords = np.asarray(g[S.COORDS][:], dtype=np.float32).reshape(-1, 2)
     return ScatterSample(x=coords[samp, 0], y=coords[samp, 1], cluster=maps.labels[samp].astype(np.int32),
                          layer=np.asarray(maps.layers, dtype=np.int16)[(samp % maps.per_ex) // maps.n_heads])
 
@@ -462,11 +446,12 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
     order = sorted(range(maps.k), key=lambda i: (maps.ids[i] < 0, -sums.counts[i]))  # by size, noise last
     clusters, picks, info = [], [], []
     for i in order:
-        flat = _exemplar_picks(np.flatnonzero(maps.row == i), near[i], cfg.exemplars, rng)
+        members = np.flatnonzero(maps.row == i)
+        flat = _exemplar_picks(members, near[i], cfg.exemplars, rng)
         where = [(int(f // maps.per_ex), maps.layers[(f % maps.per_ex) // maps.n_heads], maps.heads[f % maps.n_heads])
                  for f in flat]
         refs = [ExemplarRef(example_index=e, example_id=str(ex.ids[e]), layer=la, head=he) for e, la, he in where]
-        clusters.append(_describe_cluster(i, maps, sums, (occ_counts[i], occupancy[i]), ex, words, cfg, refs))
+        clusters.append(_describe_cluster(i, members, maps, sums, (occ_counts[i], occupancy[i]), ex, words, cfg, refs))
         picks.append(flat)
         info.append(where)
 
@@ -482,5 +467,5 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
         global_means={s: float(sums.overall[j]) for j, s in enumerate(maps.stat_names)}, clusters=clusters,
         heads_table=heads_table, metadata=_metadata(maps, ex, cfg, seed),
         warnings=[_dominance_warning(c) for c in clusters if c.groups.dominated],
-        k_sweep=KSweep.from_dict((g.attrs.get(Attr.LEARN) or {}).get("k_sweep")), detectors=detectors)
+        k_sweep=KSweep.from_dict((g.attrs.get(S.Attr.LEARN) or {}).get("k_sweep")), detectors=detectors)
     return findings, arrays
