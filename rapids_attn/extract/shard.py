@@ -110,8 +110,8 @@ class Extractor:
                                self.layout.image_size, self.layout.thumb_size, self.causal, self.device)
         with self.lock:
             self.capture.run(batch, reducer)
-        return {"images": reducer.images, "thumbnails": reducer.thumbs, "stats": reducer.stats,
-                "profile": reducer.profile, "detectors": reducer.detectors}
+        return {"images": reducer.images, S.THUMBNAILS: reducer.thumbs, S.STATS: reducer.stats,
+                S.PROFILE: reducer.profile, S.DETECTORS: reducer.detectors}
 
     def process(self, task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
@@ -132,16 +132,16 @@ class Extractor:
             out = self.run_batch(**tok.batch(idx))
             t2 = time.perf_counter()
             images = out["images"].reshape(-1, s, s)  # [b*L*H, S, S]
-            f, more = self.embedder.embed(images, out["profile"].reshape(images.shape[0], -1),
-                                          out["stats"].reshape(images.shape[0], -1))
+            f, more = self.embedder.embed(images, out[S.PROFILE].reshape(images.shape[0], -1),
+                                          out[S.STATS].reshape(images.shape[0], -1))
             feats[idx] = f.reshape(len(idx), nl, nh, -1).cpu().numpy().astype(self.layout.features_dtype)
             for name, value in more.items():
                 extra[name][idx] = value.reshape(len(idx), nl, nh).cpu().numpy().astype(extra[name].dtype)
-            stats[idx] = out["stats"].cpu().numpy()
-            profile[idx] = out["profile"].cpu().numpy()
-            detectors[idx] = out["detectors"].cpu().numpy()
+            stats[idx] = out[S.STATS].cpu().numpy()
+            profile[idx] = out[S.PROFILE].cpu().numpy()
+            detectors[idx] = out[S.DETECTORS].cpu().numpy()
             if thumbs is not None:
-                thumbs[idx] = encode_thumbnails(out["thumbnails"].cpu().numpy())
+                thumbs[idx] = encode_thumbnails(out[S.THUMBNAILS].cpu().numpy())
             del out, images, f, more
             trim_heap()
             t3 = time.perf_counter()
