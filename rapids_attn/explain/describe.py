@@ -11,9 +11,8 @@ for the report's figures.
   fixed-pattern head, 0 an input-dependent one.
 - **Exemplars.** The maps nearest the cluster's centre in the reduced space, plus seeded random
   members.
-- **Examples.** Cluster against example group and label: mutual information with a p-value from
-  permutations that shuffle whole examples (an example's L x H maps are not independent, so a
-  chi-square over maps would overstate significance; it is reported too, as ``chi2_p_maps``).
+- **Examples.** Cluster against example group and label (:mod:`rapids_attn.explain.metadata`):
+  mutual information with a p-value from permutations that shuffle whole examples.
 
 The store is read in its own chunks (whole shards of examples), so memory is bounded by a few
 arrays of one value per map, never by the features or thumbnails of the whole store.
@@ -26,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rapids_attn.data.probe import PROBE_GROUP
 from rapids_attn.explain.findings import (
     ClusterFinding,
     ExemplarRef,
@@ -38,13 +36,15 @@ from rapids_attn.explain.findings import (
     HeadTable,
     KSweep,
     LayerShare,
-    MetadataFindings,
-    MetadataTest,
     ScatterSample,
     SignatureItem,
 )
+from rapids_attn.explain.metadata import dominance_warning, metadata_association, metadata_findings
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import decode_thumbnails
+
+# metadata_association lives in explain.metadata; it is named here too, where callers have long found it
+__all__ = ["STAT_WORDS", "describe", "metadata_association", "stat_labels"]
 
 #: Plain words for each stat; {first} and {sep} are filled with the tokenizer's own tokens.
 STAT_WORDS = {
@@ -70,55 +70,6 @@ def stat_labels(stat_names: list[str], tokenizer=None) -> dict[str, str]:
     first = f"({first})" if first else "([CLS] / BOS)"
     sep = sep or "separator / end tokens"
     return {s: STAT_WORDS.get(s, s).format(first=first, sep=sep) for s in stat_names}
-
-
-def _mutual_info(a: np.ndarray, b: np.ndarray) -> float:
-    """MI (nats) of two non-negative integer label arrays, from their contingency table."""
-    na, nb = a.max() + 1, b.max() + 1
-    table = np.bincount(a * nb + b, minlength=na * nb).reshape(na, nb).astype(np.float64)
-    p = table / table.sum()
-    pa, pb = p.sum(1, keepdims=True), p.sum(0, keepdims=True)
-    nz = p > 0
-    return float((p[nz] * np.log(p[nz] / (pa @ pb)[nz])).sum())
-
-
-def metadata_association(labels: np.ndarray, values: np.ndarray, maps_per_example: int, permutations: int,
-                         seed: int) -> dict | None:
-    """How much cluster membership says about an example-level variable (group or label).
-
-    labels: cluster per map, example-major ([examples * maps_per_example]); values: one string per
-    example. Noise (-1) is left out. None when the variable has fewer than two values.
-    """
-    from scipy.stats import chi2_contingency
-
-    codes, inv = np.unique(values.astype(str), return_inverse=True)
-    if len(codes) < 2:
-        return None
-    per_map = np.repeat(inv, maps_per_example)
-    keep = labels >= 0
-    lab, val = labels[keep], per_map[keep]
-    if len(np.unique(lab)) < 2:
-        return None
-    observed = _mutual_info(lab, val)
-    h_lab = _mutual_info(lab, lab)
-    h_val = _mutual_info(val, val)
-    nmi = observed / math.sqrt(h_lab * h_val) if h_lab > 0 and h_val > 0 else 0.0
-    table = np.bincount(lab * len(codes) + val, minlength=(lab.max() + 1) * len(codes)).reshape(-1, len(codes))
-    table = table[table.sum(1) > 0][:, table.sum(0) > 0]
-    chi2, p_maps, dof, _ = chi2_contingency(table)
-    p_perm = None
-    if permutations:
-        rng = np.random.default_rng(seed)
-        hits = 0
-        for _ in range(permutations):
-            shuffled = np.repeat(rng.permutation(inv), maps_per_example)[keep]
-            hits += _mutual_info(lab, shuffled) >= observed - 1e-12
-        p_perm = float((hits + 1) / (permutations + 1))
-    return {
-        "mutual_info": observed, "nmi": nmi, "p_permutation": p_perm, "permutations": permutations,
-        "chi2": float(chi2), "chi2_p_maps": float(p_maps), "dof": int(dof), "n_maps": int(keep.sum()),
-        "n_values": len(codes),
-    }
 
 
 def _span(layers: list[int]) -> str:
@@ -377,31 +328,8 @@ def _describe_cluster(i: int, members: np.ndarray, maps: _Maps, sums: _Sums, occ
         pattern=pattern, exemplar_examples=refs[:cfg.head_views])
 
 
-def _dominance_warning(c: ClusterFinding) -> str:
-    return (f"cluster {c.id}: {c.groups.share:.0%} of its maps come from group '{c.groups.top}' "
-            f"({c.groups.overall_share:.0%} overall): a trivial cluster from shared contexts? "
-            "Consider reduce.sample_by: group")
-
-
 # ---------------------------------------------------------------------------------------------
 # the rest
-
-
-def _metadata(maps: _Maps, ex: _Examples, cfg, seed: int) -> MetadataFindings:
-    """Cluster against example label and group, over the dataset's examples only.
-
-    Probes (repeated random tokens) are not dataset examples: they would make their own "group" and
-    "label" look associated with the clusters, so the tests leave them out.
-    """
-    real_ex = ex.groups != PROBE_GROUP
-    real_maps = np.repeat(real_ex, maps.per_ex)
-
-    def test(values: np.ndarray) -> MetadataTest | None:
-        r = metadata_association(maps.labels[real_maps], values[real_ex], maps.per_ex, cfg.permutations, seed)
-        return None if r is None else MetadataTest(**r)
-
-    return MetadataFindings(label=test(ex.labels), group=test(ex.groups),
-                            probe_examples_excluded=int((~real_ex).sum()))
 
 
 def _exemplar_thumbs(g, maps: _Maps, picks: list[list[int]], m: int) -> np.ndarray | None:
@@ -465,7 +393,8 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
     findings = Findings(
         layers=maps.layers, heads=maps.heads, stat_names=maps.stat_names, stat_labels=words,
         global_means={s: float(sums.overall[j]) for j, s in enumerate(maps.stat_names)}, clusters=clusters,
-        heads_table=heads_table, metadata=_metadata(maps, ex, cfg, seed),
-        warnings=[_dominance_warning(c) for c in clusters if c.groups.dominated],
+        heads_table=heads_table,
+        metadata=metadata_findings(maps.labels, ex.groups, ex.labels, maps.per_ex, cfg.permutations, seed),
+        warnings=[dominance_warning(c) for c in clusters if c.groups.dominated],
         k_sweep=KSweep.from_dict((g.attrs.get(S.Attr.LEARN) or {}).get("k_sweep")), detectors=detectors)
     return findings, arrays
