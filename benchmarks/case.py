@@ -159,7 +159,7 @@ def _setup(spec: dict):
     examples = read_examples(spec["data"], format="squad", sample=spec["examples"], seed=0)
     info = describe_model(mcfg)
     tok = load_tokenizer(mcfg)
-    model = load_model(mcfg, device)
+    model = load_model(mcfg, device, "float16" if device == "cuda" else "float32")  # as model.dtype: auto
     t = tokenize(tok, examples, info.max_length)
     from rapids_attn.job import ExtractConfig
 
@@ -202,13 +202,13 @@ def case_naive(spec: dict) -> dict:
 
 def case_capture(spec: dict) -> dict:
     """Peak memory of one big batch captured by hooks (layer by layer) or output_attentions=True."""
-    from rapids_attn.extract.shard import Extractor
+    from rapids_attn.extract.shard import Extractor, ShardTask
     from rapids_attn.pipeline import preflight
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench-cap-"))
     cfg = _job(spec, run_dir)
-    plan = preflight(cfg, ("extract",))
-    ex = Extractor(cfg.to_dict(), plan.layout, plan.model.max_length)
+    plan = preflight(cfg, ("extract",)).ctx
+    ex = Extractor(ShardTask.from_job(cfg, plan.layout, plan.model.max_length))
     if spec["mode"] == "output_attentions":
         ex.capture.modules, ex.capture.mode = [], "output_attentions"
     from rapids_attn.extract.batching import tokenize
@@ -230,7 +230,7 @@ def case_fit(spec: dict) -> dict:
     """PCA + KMeans fit time on synthetic features of the real dimension."""
     import numpy as np
 
-    from rapids_attn.backends import resolve_learn_backend
+    from rapids_attn.devices import resolve_learn_backend
 
     backend = resolve_learn_backend(spec.get("backend", "cpu"))
     rng = np.random.default_rng(0)

@@ -174,7 +174,7 @@ def shipped():
     from rapids_attn.patterns.cnn import WEIGHTS_FILE, load_pattern_cnn
 
     if not WEIGHTS_FILE.is_file():
-        pytest.fail(f"{WEIGHTS_FILE} is missing: run python -m rapids_attn.patterns.train")
+        pytest.fail(f"{WEIGHTS_FILE} is missing: run python -m tools.pattern_cnn.train")
     return load_pattern_cnn("cpu")
 
 

@@ -9,7 +9,7 @@
     neither for training nor for the held-out set), embedded by ``pooled`` (16 x 16), ``resnet18``
     with random weights, ``pattern-cnn`` (its penultimate layer) and ``pooled`` + profile + stats,
     then written into a store and reduced and clustered by the pipeline's own learn stage
-    (``rapids_attn.learn.run_learn``: PCA 32, KMeans with k = number of types, no k sweep, seed 0);
+    (``rapids_attn.learn.fit_store``: PCA 32, KMeans with k = number of types, no k sweep, seed 0);
     adjusted Rand index of each clustering against the true types;
 (c) the figure: one generated example of each type (docs/img/pattern-types.png);
 (d) supervised baselines: logistic regression and gradient-boosted trees on profile + stats (and
@@ -68,44 +68,43 @@ def heldout(model, meta: dict, n: int | None = None, workers: int = 2) -> dict:
 # (b) planted types through the pipeline's learn stage
 
 
-def learn_config(tmp: Path, k: int, pca: int = 32, seed: int = 0):
-    from rapids_attn.job import load_job
+def learn_sections(k: int, pca: int = 32):
+    """The learn stage's two job sections: PCA ``pca``, KMeans with ``k`` clusters, no k sweep."""
+    from rapids_attn.job import ClusterConfig, ReduceConfig
 
-    data = tmp / "unused.txt"
-    data.write_text("x\n")
-    return load_job(None, [], raw={"data": {"path": str(data)}, "model": {"name": "minilm-l6"},
-                                   "reduce": {"pca_components": pca},
-                                   "cluster": {"method": "kmeans", "n_clusters": k, "k_sweep": None},
-                                   "runtime": {"learn_backend": "cpu", "seed": seed}})
+    return ReduceConfig(pca_components=pca), ClusterConfig(method="kmeans", n_clusters=k, k_sweep=None)
 
 
 def cluster_with_pipeline(features: np.ndarray, k: int, tmp: Path, stats=None, profile=None) -> tuple[np.ndarray, dict]:
     """Write ``features`` [N, d] as a store of N examples x 1 layer x 1 head, run the learn stage."""
     import zarr
 
-    from rapids_attn.backends import resolve_learn_backend
-    from rapids_attn.learn import run_learn
+    from rapids_attn.devices import resolve_learn_backend
+    from rapids_attn.job import StoreConfig
+    from rapids_attn.learn import fit_store
+    from rapids_attn.store import schema as S
     from rapids_attn.store.zarr_store import StoreLayout, create_store, write_shard
 
-    cfg = learn_config(tmp, k)
+    reduce, cluster = learn_sections(k)
+    store = StoreConfig()
     n, d = features.shape
     layout = StoreLayout(n_examples=n, layers=[0], heads=[0], feature_dim=d, image_size=32, thumb_size=0,
-                         shard_size=256, stat_names=list(STAT_NAMES), features_dtype=cfg.store.features_dtype,
-                         compression_level=cfg.store.compression_level)
+                         shard_size=256, stat_names=list(STAT_NAMES), features_dtype=store.features_dtype,
+                         compression_level=store.compression_level)
     path = tmp / "store.zarr"
     ids = [f"m{i}" for i in range(n)]
     create_store(path, layout, {}, "planted", {}, ids, [""] * n, [""] * n)
     for s in range(layout.n_shards):
         a, b = layout.shard_rows(s)
-        arrays = {"features": features[a:b].reshape(b - a, 1, 1, d).astype(cfg.store.features_dtype)}
+        arrays = {S.FEATURES: features[a:b].reshape(b - a, 1, 1, d).astype(store.features_dtype)}
         if stats is not None:
-            arrays["stats"] = stats[a:b].reshape(b - a, 1, 1, -1).astype(np.float32)
+            arrays[S.STATS] = stats[a:b].reshape(b - a, 1, 1, -1).astype(np.float32)
         if profile is not None:
-            arrays["profile"] = profile[a:b].reshape(b - a, 1, 1, -1).astype(np.float32)
+            arrays[S.PROFILE] = profile[a:b].reshape(b - a, 1, 1, -1).astype(np.float32)
         write_shard(str(path), layout, s, arrays)
     g = zarr.open_group(str(path), mode="r+")
-    info = run_learn(g, cfg, resolve_learn_backend("cpu"))
-    return np.asarray(g["cluster"][:]).reshape(-1), info
+    info = fit_store(g, reduce, cluster, resolve_learn_backend("cpu"), seed=0)
+    return np.asarray(g[S.CLUSTER][:]).reshape(-1), info
 
 
 def standardise(x: np.ndarray) -> np.ndarray:
@@ -122,7 +121,7 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
 
     from rapids_attn.embed.backbone import BackboneEmbedder
     from rapids_attn.embed.base import PooledEmbedder
-    from rapids_attn.embed.pattern import PatternEmbedder
+    from rapids_attn.embed.pattern import PatternCNNEmbedder
 
     images, profile, stats, labels = parallel_features(seed, n, 32, workers)
     truth = labels.numpy()
@@ -131,8 +130,8 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
         ("pooled", "PooledEmbedder(32, 16) on the image", lambda: PooledEmbedder(32, 16)(images)),
         ("resnet18 (random weights)", 'BackboneEmbedder("resnet18", "random", 64, 256) on the image',
          lambda: BackboneEmbedder("resnet18", "random", 64, 256)(images)),
-        ("pattern-cnn", "PatternEmbedder() penultimate layer; image + profile + stats",
-         lambda: PatternEmbedder(weights_dir=weights_dir)(images, profile, stats)[0]),
+        ("pattern-cnn", "PatternCNNEmbedder() penultimate layer; image + profile + stats",
+         lambda: PatternCNNEmbedder(weights_dir=weights_dir).embed(images, profile, stats).features),
         ("pooled + profile + stats", "[pooled 256, profile 9, stats 10], every column standardised",
          lambda: torch.from_numpy(standardise(torch.cat([PooledEmbedder(32, 16)(images), profile, stats], 1).numpy()))),
         ("pooled + profile + stats, raw", "the same columns, not standardised (the stats' units dominate PCA)",
