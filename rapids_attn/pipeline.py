@@ -81,15 +81,15 @@ def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
     state = inspect_store(ctx.store_path, ctx.key, ctx.layout)
     if state == "different":
         raise foreign_store_error(ctx.store_path)
-    attrs = {}
-    if state == "same":
-        import zarr
+    if state != "same":  # no store yet: whatever is needed, the extract stage creates the store first
+        raise StoreError(f"{ctx.store_path}: {_HOW['extract'][0]}")
+    import zarr
 
-        attrs = dict(zarr.open_group(str(ctx.store_path), mode="r").attrs)
+    attrs = dict(zarr.open_group(str(ctx.store_path), mode="r").attrs)
     for writer in (w for w in STAGES if w in needs):  # in stage order: report the earliest missing one
         if not attrs.get(complete_attr(writer)):
-            absent, incomplete = _HOW.get(writer, (f"run the {writer} stage first (--stages {writer})",) * 2)
-            raise StoreError(f"{ctx.store_path}: {absent if state != 'same' else incomplete}")
+            how = _HOW.get(writer, (f"run the {writer} stage first (--stages {writer})",) * 2)[1]
+            raise StoreError(f"{ctx.store_path}: {how}")
 
 
 @dataclass
@@ -178,5 +178,7 @@ def _summary(ctx: RunContext) -> dict:
                 "seconds": seconds}
     summary = explain.to_dict()
     summary["seconds"] = {**summary.get("seconds", {}), **seconds}
+    for name, result in ctx.results.items():  # a stage's result under its name, unless explain placed it
+        summary.setdefault(name, result.to_dict())
     write_json(ctx.run_dir / "summary.json", summary)
     return summary

@@ -12,22 +12,13 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import CORPUS, bpe_tokenizer, write_jsonl
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI does: no OpenMP spin-waiting on shared cores
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_SQUAD = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
-
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Attention heads attend to the previous token, the next token, or the separator.",
-    "When was the printing press invented? In the fifteenth century, in Mainz.",
-    "Tide pools hold anemones, crabs and small fish between the rocks.",
-    "Honeybees dance to tell the hive where the flowers are.",
-] * 4
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,18 +34,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def _bpe_tokenizer():
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(_CORPUS, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-        unk_token="<|endoftext|>", model_max_length=128,
-    )
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +60,7 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
     from transformers import GPT2Config, GPT2Model
 
     out = tmp_path_factory.mktemp("tiny-gpt2")
-    tok = _bpe_tokenizer()
+    tok = bpe_tokenizer()
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=2,
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
@@ -96,7 +75,7 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaModel
 
     out = tmp_path_factory.mktemp("tiny-llama")
-    tok = _bpe_tokenizer()
+    tok = bpe_tokenizer()
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
@@ -106,39 +85,12 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return out
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    import json
-
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture
 def pair_data(tmp_path) -> Path:
     """20 text pairs of very different lengths (so batches mix short and long inputs)."""
     rows = []
     for i in range(20):
-        ctx = " ".join(_CORPUS[i % 5].split() * (1 + (i * 7) % 9))
-        rows.append({"id": f"q{i}", "question": f"question number {i} about {_CORPUS[i % 5].split()[1]}?",
+        ctx = " ".join(CORPUS[i % 5].split() * (1 + (i * 7) % 9))
+        rows.append({"id": f"q{i}", "question": f"question number {i} about {CORPUS[i % 5].split()[1]}?",
                      "context": ctx, "topic": f"t{i % 3}", "answerable": i % 2 == 0})
     return write_jsonl(tmp_path / "pairs.jsonl", rows)
-
-
-def make_job(tmp_path: Path, model_dir: Path, data: Path, **sections) -> dict:
-    """A small job dict for tests: in-process workers, tiny shards, CPU learn."""
-    job = {
-        "name": "t",
-        "data": {"path": str(data), "format": "jsonl", "text_fields": ["question", "context"], "id_field": "id",
-                 "group_field": "topic", "label_field": "answerable"},
-        "model": {"name": str(model_dir)},
-        "extract": {"image_size": 8, "thumbnail_size": 4, "shard_size": 6, "token_budget": 512},
-        "embed": {"name": "pooled", "pooled_size": 4},
-        "reduce": {"pca_components": 4},
-        "cluster": {"method": "kmeans", "n_clusters": 3, "silhouette_sample": 200},
-        "runtime": {"cluster": "local", "n_workers": 1, "processes": False, "learn_backend": "cpu",
-                    "dashboard_address": ":0"},
-        "output": {"dir": str(tmp_path / "run")},
-    }
-    for name, values in sections.items():
-        job.setdefault(name, {}).update(values)
-    return job

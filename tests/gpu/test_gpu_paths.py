@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, make_job
+from helpers import REPO, make_job
 
 pytestmark = pytest.mark.gpu
 
@@ -55,7 +55,7 @@ def test_cuml_backend_reads_cupy_from_store_and_recovers_clusters(tmp_path):
     needs("cupy")
     import cupy
     from sklearn.metrics import adjusted_rand_score
-    from test_learn import learn, planted_store
+    from helpers import learn, planted_store
 
     from rapids_attn.devices import resolve_learn_backend
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPO, SHARED_SQUAD
+from helpers import REPO, SHARED_SQUAD
 
 from rapids_attn.job import load_job
 

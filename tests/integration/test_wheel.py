@@ -25,7 +25,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 #: what a job may take from the package: presets, the quickstart data, the pattern CNN's weights
 PACKAGE_DATA = ["rapids_attn/presets/models/minilm-l6.yaml", "rapids_attn/presets/embedders/pooled.yaml",

@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from rapids_attn.errors import JobConfigError
 from rapids_attn.job import JobConfig, builtin_presets, load_job, parse_override, preset_dirs
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write(path: Path, text: str) -> Path:

@@ -7,51 +7,10 @@ import pytest
 import zarr
 from sklearn.metrics import adjusted_rand_score
 
+from helpers import E, H, L, learn, planted_store
+
 from rapids_attn.devices import resolve_learn_backend
 from rapids_attn.errors import BackendUnavailableError
-from rapids_attn.job import ClusterConfig, ReduceConfig
-from rapids_attn.learn import fit_store
-from rapids_attn.store.zarr_store import StoreLayout, create_store, write_shard
-
-E, L, H, D = 60, 2, 3, 12  # 360 maps
-
-
-def planted_store(tmp_path: Path, seed: int = 0):
-    """Three well-separated blobs; returns the store group and the true label of every map."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 10, size=(3, D))
-    truth = rng.integers(0, 3, size=(E, L, H))
-    feats = centers[truth] + rng.normal(0, 0.3, size=(E, L, H, D))
-    layout = StoreLayout(n_examples=E, layers=[0, 1], heads=[0, 1, 2], feature_dim=D, image_size=8,
-                         thumb_size=0, shard_size=16, stat_names=["entropy"], features_dtype="float32")
-    path = tmp_path / "store.zarr"
-    ids = [f"e{i}" for i in range(E)]
-    g = create_store(path, layout, {}, "key", {}, ids, [""] * E, [""] * E)
-    for s in range(layout.n_shards):
-        a, b = layout.shard_rows(s)
-        write_shard(str(path), layout, s, {"features": feats[a:b].astype(np.float32)})
-    return zarr.open_group(str(path), mode="r+"), truth.reshape(-1)
-
-
-def learn_sections(**overrides):
-    """The job's reduce and cluster sections with dotted overrides (``{"cluster.method": "dbscan"}``): the
-    learn stage needs nothing else, no data file or model."""
-    import yaml
-
-    raw = {"reduce": {"pca_components": 4}, "cluster": {"n_clusters": 3}}
-    for key, value in overrides.items():
-        section, *path = key.split(".")
-        node = raw[section]
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
-    return ReduceConfig.model_validate(raw["reduce"]), ClusterConfig.model_validate(raw["cluster"])
-
-
-def learn(g, backend=None, **overrides) -> dict:
-    reduce, cluster = learn_sections(**overrides)
-    return fit_store(g, reduce, cluster, backend or resolve_learn_backend("cpu"), seed=0)
-
 
 def test_kmeans_recovers_planted_clusters_from_a_sample(tmp_path):
     g, truth = planted_store(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_job, write_jsonl
+from helpers import make_job, write_jsonl
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.capture import AttentionCapture, attention_modules
 from rapids_attn.extract.maps import STAT_NAMES

@@ -7,12 +7,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from helpers import REPO, SHARED_SQUAD
 
 from rapids_attn.data import Example, read_examples
 from rapids_attn.errors import DataError
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "rapids_attn" / "data" / "quickstart.json"
-SHARED_SQUAD = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad-v2-dev-half.json"
+QUICKSTART = REPO / "rapids_attn" / "data" / "quickstart.json"
 
 
 def squad_doc(with_impossible: bool = True) -> dict:

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from conftest import make_job
+from helpers import make_job
 
 import rapids_attn.extract.shard as shard_mod
 from rapids_attn.job import load_job

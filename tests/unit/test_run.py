@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import make_job
+from helpers import make_job
 
 from rapids_attn.run import main
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_job, write_jsonl
+from helpers import make_job, write_jsonl
 from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import tokenize
 from rapids_attn.extract.maps import STAT_NAMES, TokenMasks, area_resize, map_stats

@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from conftest import make_job
+from helpers import make_job
 
 from rapids_attn.data import Example
 from rapids_attn.extract.batching import tokenize

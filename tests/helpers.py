@@ -1,0 +1,111 @@
+"""Shared test helpers: tiny jobs, data files, planted stores and tokenizers built inside the tests.
+
+Imported by the tests as ``from helpers import ...`` (pytest puts ``tests/`` on the path); the
+fixtures that build tiny models live in ``conftest.py`` and use these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from rapids_attn.devices import resolve_learn_backend
+from rapids_attn.job import ClusterConfig, ReduceConfig
+from rapids_attn.learn import fit_store
+from rapids_attn.store.zarr_store import StoreLayout, create_store, write_shard
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_SQUAD = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Attention heads attend to the previous token, the next token, or the separator.",
+    "When was the printing press invented? In the fifteenth century, in Mainz.",
+    "Tide pools hold anemones, crabs and small fish between the rocks.",
+    "Honeybees dance to tell the hive where the flowers are.",
+] * 4
+
+
+def bpe_tokenizer():
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>", model_max_length=128,
+    )
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def make_job(tmp_path: Path, model_dir: Path, data: Path, **sections) -> dict:
+    """A small job dict for tests: in-process workers, tiny shards, CPU learn."""
+    job = {
+        "name": "t",
+        "data": {"path": str(data), "format": "jsonl", "text_fields": ["question", "context"], "id_field": "id",
+                 "group_field": "topic", "label_field": "answerable"},
+        "model": {"name": str(model_dir)},
+        "extract": {"image_size": 8, "thumbnail_size": 4, "shard_size": 6, "token_budget": 512},
+        "embed": {"name": "pooled", "pooled_size": 4},
+        "reduce": {"pca_components": 4},
+        "cluster": {"method": "kmeans", "n_clusters": 3, "silhouette_sample": 200},
+        "runtime": {"cluster": "local", "n_workers": 1, "processes": False, "learn_backend": "cpu",
+                    "dashboard_address": ":0"},
+        "output": {"dir": str(tmp_path / "run")},
+    }
+    for name, values in sections.items():
+        job.setdefault(name, {}).update(values)
+    return job
+
+
+# -- planted stores for the learn stage (no model involved) -------------------------------------------
+
+E, L, H, D = 60, 2, 3, 12  # 360 maps
+
+
+def planted_store(tmp_path: Path, seed: int = 0):
+    """Three well-separated blobs; returns the store group and the true label of every map."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 10, size=(3, D))
+    truth = rng.integers(0, 3, size=(E, L, H))
+    feats = centers[truth] + rng.normal(0, 0.3, size=(E, L, H, D))
+    layout = StoreLayout(n_examples=E, layers=[0, 1], heads=[0, 1, 2], feature_dim=D, image_size=8,
+                         thumb_size=0, shard_size=16, stat_names=["entropy"], features_dtype="float32")
+    path = tmp_path / "store.zarr"
+    ids = [f"e{i}" for i in range(E)]
+    g = create_store(path, layout, {}, "key", {}, ids, [""] * E, [""] * E)
+    for s in range(layout.n_shards):
+        a, b = layout.shard_rows(s)
+        write_shard(str(path), layout, s, {"features": feats[a:b].astype(np.float32)})
+    return zarr.open_group(str(path), mode="r+"), truth.reshape(-1)
+
+
+def learn_sections(**overrides):
+    """The job's reduce and cluster sections with dotted overrides (``{"cluster.method": "dbscan"}``): the
+    learn stage needs nothing else, no data file or model."""
+    import yaml
+
+    raw = {"reduce": {"pca_components": 4}, "cluster": {"n_clusters": 3}}
+    for key, value in overrides.items():
+        section, *path = key.split(".")
+        node = raw[section]
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
+    return ReduceConfig.model_validate(raw["reduce"]), ClusterConfig.model_validate(raw["cluster"])
+
+
+def learn(g, backend=None, **overrides) -> dict:
+    reduce, cluster = learn_sections(**overrides)
+    return fit_store(g, reduce, cluster, backend or resolve_learn_backend("cpu"), seed=0)
+
+
