@@ -103,14 +103,25 @@ def _job(spec: dict, run_dir: Path):
     from rapids_attn.job import load_job
 
     sets = [
-        f"data.path={spec['data']}", "data.format=squad", f"data.sample={spec['examples']}", "data.seed=0",
-        f"output.dir={run_dir}", f"embed.name={spec.get('embed', 'pattern-cnn')}", "runtime.learn_backend=auto",
-        f"extract.device={spec.get('device', 'auto')}", "explain.report=false", "explain.head_views=0",
-        f"extract.shard_size={spec.get('shard_size', 64)}", f"store.compression_level={spec.get('level', 3)}",
+        f"data.path={spec['data']}",
+        "data.format=squad",
+        f"data.sample={spec['examples']}",
+        "data.seed=0",
+        f"output.dir={run_dir}",
+        f"embed.name={spec.get('embed', 'pattern-cnn')}",
+        "runtime.learn_backend=auto",
+        f"extract.device={spec.get('device', 'auto')}",
+        "explain.report=false",
+        "explain.head_views=0",
+        f"extract.shard_size={spec.get('shard_size', 64)}",
+        f"store.compression_level={spec.get('level', 3)}",
     ]
     if spec.get("embed", "pooled") != "pooled" and spec.get("embed") != "pattern-cnn":
-        sets += ["embed.weights=random", f"embed.input_size={spec.get('input_size', 64)}",
-                 f"embed.precision={spec.get('precision', 'auto')}"]
+        sets += [
+            "embed.weights=random",
+            f"embed.input_size={spec.get('input_size', 64)}",
+            f"embed.precision={spec.get('precision', 'auto')}",
+        ]
     workers = spec.get("workers", 0)
     if workers == 0:  # in-process: one worker thread in this process, torch on every core
         sets += ["runtime.processes=false", "runtime.n_workers=1", f"runtime.threads_per_worker={os.cpu_count()}"]
@@ -136,11 +147,19 @@ def case_pipeline(spec: dict) -> dict:
     size = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in store.iterdir() if p.is_dir()}
     run = s["extract"]["runs"][-1]
     return {
-        "wall": wall, "seconds": s["seconds"], "worker_seconds": run["worker_seconds"],
-        "learn_seconds": s["clusters"]["learn_seconds"], "examples": s["counts"]["examples"],
-        "maps": s["counts"]["maps"], "tokens": s["counts"]["tokens"], "store_bytes": size,
-        "peak_rss": mem.peak, "gpu_peak": _gpu_peak(), "devices": s["backend"]["extract_devices"],
-        "learn_backend": s["backend"]["learn"], "run_dir": str(run_dir),
+        "wall": wall,
+        "seconds": s["seconds"],
+        "worker_seconds": run["worker_seconds"],
+        "learn_seconds": s["clusters"]["learn_seconds"],
+        "examples": s["counts"]["examples"],
+        "maps": s["counts"]["maps"],
+        "tokens": s["counts"]["tokens"],
+        "store_bytes": size,
+        "peak_rss": mem.peak,
+        "gpu_peak": _gpu_peak(),
+        "devices": s["backend"]["extract_devices"],
+        "learn_backend": s["backend"]["learn"],
+        "run_dir": str(run_dir),
     }
 
 
@@ -182,8 +201,13 @@ def case_bare(spec: dict) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
     sec = time.perf_counter() - t0
-    return {"seconds": sec, "examples": len(examples), "maps": len(examples) * info.n_layers * info.n_heads,
-            "peak_rss": mem.peak, "gpu_peak": _gpu_peak()}
+    return {
+        "seconds": sec,
+        "examples": len(examples),
+        "maps": len(examples) * info.n_layers * info.n_heads,
+        "peak_rss": mem.peak,
+        "gpu_peak": _gpu_peak(),
+    }
 
 
 def case_naive(spec: dict) -> dict:
@@ -222,8 +246,15 @@ def case_capture(spec: dict) -> dict:
         t0 = time.perf_counter()
         ex.run_batch(**t.batch(idx))
         sec = time.perf_counter() - t0
-    return {"mode": ex.capture.mode, "batch": len(idx), "longest": max(t.lengths[i] for i in idx),
-            "peak_rss": mem.peak, "base_rss": base, "peak_over_base": mem.peak - base, "seconds": sec}
+    return {
+        "mode": ex.capture.mode,
+        "batch": len(idx),
+        "longest": max(t.lengths[i] for i in idx),
+        "peak_rss": mem.peak,
+        "base_rss": base,
+        "peak_over_base": mem.peak - base,
+        "seconds": sec,
+    }
 
 
 def case_fit(spec: dict) -> dict:
@@ -259,22 +290,30 @@ def case_codec(spec: dict) -> dict:
     feats = np.asarray(src["features"][:])
     stats = np.asarray(src["stats"][:])
     out = []
-    codecs = {"none": None, "zstd-1": ZstdCodec(level=1), "zstd-3": ZstdCodec(level=3), "zstd-9": ZstdCodec(level=9),
-              "blosc-zstd-3-shuffle": BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")}
+    codecs = {
+        "none": None,
+        "zstd-1": ZstdCodec(level=1),
+        "zstd-3": ZstdCodec(level=3),
+        "zstd-9": ZstdCodec(level=9),
+        "blosc-zstd-3-shuffle": BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"),
+    }
     for rows in spec.get("rows", [16, 64, 256]):
         for name, codec in codecs.items():
             d = tempfile.mkdtemp(prefix="bench-codec-")
             g = zarr.open_group(d, mode="w")
             t0 = time.perf_counter()
             for key, arr in (("features", feats), ("stats", stats)):
-                a = g.create_array(key, shape=arr.shape, chunks=(rows, *arr.shape[1:]), dtype=arr.dtype,
-                                   compressors=codec)
+                a = g.create_array(
+                    key, shape=arr.shape, chunks=(rows, *arr.shape[1:]), dtype=arr.dtype, compressors=codec
+                )
                 a[:] = arr
             t1 = time.perf_counter()
             for key in ("features", "stats"):
                 np.asarray(g[key][:])
             t2 = time.perf_counter()
-            size = {k: sum(f.stat().st_size for f in (Path(d) / k).rglob("*") if f.is_file()) for k in ("features", "stats")}
+            size = {
+                k: sum(f.stat().st_size for f in (Path(d) / k).rglob("*") if f.is_file()) for k in ("features", "stats")
+            }
             out.append({"rows": rows, "codec": name, "bytes": size, "write": t1 - t0, "read": t2 - t1})
     return {"maps": int(np.prod(feats.shape[:3])), "results": out}
 
@@ -291,8 +330,10 @@ def case_fidelity(spec: dict) -> dict:
     from sklearn.metrics import adjusted_rand_score
 
     def features(runs: list[str]) -> np.ndarray:
-        out = [np.asarray(zarr.open_group(str(Path(r) / "store.zarr"), mode="r")["features"][:], dtype=np.float32)
-               for r in runs]
+        out = [
+            np.asarray(zarr.open_group(str(Path(r) / "store.zarr"), mode="r")["features"][:], dtype=np.float32)
+            for r in runs
+        ]
         return np.concatenate([f.reshape(-1, f.shape[-1]) for f in out])
 
     a, b = features(spec["a"]), features(spec["b"])
@@ -304,13 +345,26 @@ def case_fidelity(spec: dict) -> dict:
         return KMeans(k, n_init=4, random_state=seed).fit_predict(z)
 
     fp32 = clusters(a, 0)
-    return {"maps": int(a.shape[0]), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
-            "cos_p01": float(np.quantile(cos, 0.01)), "ari_int8_vs_fp32": float(adjusted_rand_score(fp32, clusters(b, 0))),
-            "ari_fp32_reseeded": float(adjusted_rand_score(fp32, clusters(a, 1))), "k": k}
+    return {
+        "maps": int(a.shape[0]),
+        "cos_mean": float(cos.mean()),
+        "cos_min": float(cos.min()),
+        "cos_p01": float(np.quantile(cos, 0.01)),
+        "ari_int8_vs_fp32": float(adjusted_rand_score(fp32, clusters(b, 0))),
+        "ari_fp32_reseeded": float(adjusted_rand_score(fp32, clusters(a, 1))),
+        "k": k,
+    }
 
 
-CASES = {"pipeline": case_pipeline, "fidelity": case_fidelity, "bare": case_bare, "naive": case_naive, "capture": case_capture,
-         "fit": case_fit, "codec": case_codec}
+CASES = {
+    "pipeline": case_pipeline,
+    "fidelity": case_fidelity,
+    "bare": case_bare,
+    "naive": case_naive,
+    "capture": case_capture,
+    "fit": case_fit,
+    "codec": case_codec,
+}
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def _rate(fn, x, batch: int) -> float:
         fn(x[:batch])  # warm-up: kernel selection, lazy initialisation
         t0 = time.perf_counter()
         for start in range(0, x.shape[0], batch):
-            fn(x[start:start + batch])
+            fn(x[start : start + batch])
         return x.shape[0] / (time.perf_counter() - t0)
 
 

@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 
-def run_naive(model, tokenizer, examples, max_length: int, embedder_net, input_size: int, out_csv: Path,
-              device: str = "cpu") -> dict:
+def run_naive(
+    model, tokenizer, examples, max_length: int, embedder_net, input_size: int, out_csv: Path, device: str = "cpu"
+) -> dict:
     """Returns seconds per phase and the CSV size. ``embedder_net`` maps [1, 3, s, s] -> [1, dim]."""
     mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
@@ -28,8 +29,9 @@ def run_naive(model, tokenizer, examples, max_length: int, embedder_net, input_s
         writer = csv.writer(fh)
         for ex in examples:
             t0 = time.perf_counter()
-            enc = tokenizer(ex.text, ex.text_pair, padding="max_length", truncation=True, max_length=max_length,
-                            return_tensors="pt").to(device)
+            enc = tokenizer(
+                ex.text, ex.text_pair, padding="max_length", truncation=True, max_length=max_length, return_tensors="pt"
+            ).to(device)
             with torch.inference_mode():
                 att = model(**enc, output_attentions=True).attentions  # L x [1, H, T, T], T = max_length
             t1 = time.perf_counter()

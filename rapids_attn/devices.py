@@ -20,6 +20,7 @@ is chosen.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Literal
@@ -34,7 +35,7 @@ def cuda_device_count() -> int:
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable CUDA, whatever the reason, is no GPU
         return 0
 
 
@@ -126,7 +127,9 @@ def resolve_learn_backend(pref: str, n_gpus: int | None = None) -> LearnBackend:
 
         return LearnBackend("cuml", f"cuML on {n_gpus} visible GPU(s)", xp=cupy)
     if pref == "gpu":
-        missing = "no CUDA device is visible" if n_gpus == 0 else "cuML is not installed (pip install 'rapids_attn[gpu]')"
+        missing = (
+            "no CUDA device is visible" if n_gpus == 0 else "cuML is not installed (pip install 'rapids_attn[gpu]')"
+        )
         raise BackendUnavailableError(f"runtime.learn_backend: gpu requested but {missing}; set it to auto or cpu")
     why = "no CUDA device" if n_gpus == 0 else "cuML not installed"
     return LearnBackend("sklearn", f"scikit-learn ({why})")
@@ -174,20 +177,18 @@ def count_gpu_workers(client) -> int:
 
     try:
         ids = client.run(_gpu_id)
-    except Exception:
+    except Exception:  # noqa: BLE001 - workers that cannot answer have no GPU to give the fit
         return 0
     return len({v for v in ids.values() if v is not None})
 
 
 def empty_device_cache() -> None:
     """Give PyTorch's cached GPU blocks back (a no-op without CUDA), e.g. after a worker drops its model."""
-    try:
+    with contextlib.suppress(ImportError, RuntimeError):
         import torch
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    except Exception:
-        pass
 
 
 def machine_description() -> dict:
@@ -196,12 +197,10 @@ def machine_description() -> dict:
     import platform
 
     info = {"host": platform.node(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
-    try:
+    with contextlib.suppress(ImportError, RuntimeError):
         import torch
 
         info["torch"] = torch.__version__
         if torch.cuda.is_available():
             info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception:
-        pass
     return info

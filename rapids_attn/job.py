@@ -123,8 +123,10 @@ class EmbedConfig(Section):
     @model_validator(mode="after")
     def _int8_backbones_only(self):
         if self.precision == "int8" and self.name in ("pooled", "pattern-cnn"):
-            raise ValueError(f"precision int8 applies to torchvision backbones (resnet18, resnet50, ...), not {self.name}; "
-                             "use precision: auto")
+            raise ValueError(
+                f"precision int8 applies to torchvision backbones (resnet18, resnet50, ...), not {self.name}; "
+                "use precision: auto"
+            )
         return self
 
 
@@ -252,8 +254,11 @@ class JobConfig(Section):
         d = self.to_dict()
         keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
         # where and in which batches maps are computed does not change them (tested: batch invariance)
-        keep["extract"] = {k: v for k, v in keep["extract"].items()
-                           if k not in ("device", "token_budget", "attention_budget", "max_batch_size")}
+        keep["extract"] = {
+            k: v
+            for k, v in keep["extract"].items()
+            if k not in ("device", "token_budget", "attention_budget", "max_batch_size")
+        }
         keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -350,8 +355,10 @@ def _anchor_data_path(preset: dict, path: Traversable, name: str) -> None:
     if p.is_absolute():
         return
     if not isinstance(path, Path):  # e.g. a package imported from a zip file: no folder on disk
-        raise JobConfigError(f"extends: preset '{name}': data.path {data['path']} is relative to the preset, "
-                             f"but the preset is not a file on disk ({path}); give an absolute data.path")
+        raise JobConfigError(
+            f"extends: preset '{name}': data.path {data['path']} is relative to the preset, "
+            f"but the preset is not a file on disk ({path}); give an absolute data.path"
+        )
     data["path"] = str((path.parent / p).resolve())
 
 
@@ -430,14 +437,15 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     if e["type"] == "missing":
         return f"{source}: {field}: required but missing; add it to the job or pass --set {field}=...{more}"
     msg = e["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+    msg = msg.removeprefix("Value error, ")
     given = e.get("input")
     shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
     return f"{source}: {field}: {msg}{shown}{more}"
 
 
-def load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), raw: dict | None = None) -> JobConfig:
+def load_job(
+    path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), raw: dict | None = None
+) -> JobConfig:
     """Read, merge presets, apply overrides, validate. Raises JobConfigError with one line."""
     job_path = Path(path) if path is not None else None
     if raw is None:

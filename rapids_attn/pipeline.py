@@ -25,15 +25,16 @@ from rapids_attn.extract.stage import ExtractStage
 from rapids_attn.job import JobConfig
 from rapids_attn.learn.stage import LearnStage
 from rapids_attn.stage import RunContext, Stage
-from rapids_attn.store import schema as S
 
 #: every stage a job can run, in the order they run
 STAGES: dict[str, type[Stage]] = {s.name: s for s in (ExtractStage, LearnStage, ExplainStage)}
 
 #: the message that tells a user how to produce what a stage needs, by the stage that writes it
 _HOW = {
-    "extract": ("no store from this job yet; run the extract stage first (--stages extract)",
-                "extraction is not complete; rerun with --stages extract to resume it"),
+    "extract": (
+        "no store from this job yet; run the extract stage first (--stages extract)",
+        "extraction is not complete; rerun with --stages extract to resume it",
+    ),
     "learn": ("no complete clustering in the store; rerun with --stages learn",) * 2,
 }
 
@@ -55,8 +56,15 @@ def _read_examples(cfg: JobConfig):
 
     d = cfg.data
     examples = read_examples(
-        d.path, format=d.format, text_fields=d.text_fields, id_field=d.id_field, group_field=d.group_field,
-        label_field=d.label_field, limit=d.limit, sample=d.sample, seed=d.seed,
+        d.path,
+        format=d.format,
+        text_fields=d.text_fields,
+        id_field=d.id_field,
+        group_field=d.group_field,
+        label_field=d.label_field,
+        limit=d.limit,
+        sample=d.sample,
+        seed=d.seed,
     )
     pairs = {e.text_pair is not None for e in examples}
     if len(pairs) > 1:
@@ -65,8 +73,9 @@ def _read_examples(cfg: JobConfig):
         from rapids_attn.data.probe import repeated_token_probes
         from rapids_attn.extract.model import load_tokenizer
 
-        examples = examples + repeated_token_probes(load_tokenizer(cfg.model), d.probe.count, d.probe.length,
-                                                    d.probe.seed, pairs == {True})
+        examples = examples + repeated_token_probes(
+            load_tokenizer(cfg.model), d.probe.count, d.probe.length, d.probe.seed, pairs == {True}
+        )
     return examples
 
 
@@ -111,9 +120,19 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
     info = describe_model(cfg.model)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(examples), info.n_layers, info.n_heads, cfg.model.name)
-    ctx = RunContext(run_dir=cfg.run_dir, job=cfg.to_dict(), job_name=cfg.name, examples=examples, model=info,
-                     layout=layout, key=cfg.extraction_key(), devices=devices, seed=cfg.runtime.seed,
-                     stages=tuple(stages), overwrite=overwrite)
+    ctx = RunContext(
+        run_dir=cfg.run_dir,
+        job=cfg.to_dict(),
+        job_name=cfg.name,
+        examples=examples,
+        model=info,
+        layout=layout,
+        key=cfg.extraction_key(),
+        devices=devices,
+        seed=cfg.runtime.seed,
+        stages=tuple(stages),
+        overwrite=overwrite,
+    )
     built = [STAGES[name].from_job(cfg) for name in stages]
     for st in built:
         st.check(ctx)
@@ -163,8 +182,12 @@ def _start_cluster(cfg: JobConfig, ctx: RunContext, scope: ExitStack):
     rt = Runtime(cfg.runtime)
     client = scope.enter_context(rt)
     ctx.runtime.update(rt.description)
-    print(f"rapids_attn: {ctx.runtime['n_workers']} worker(s) on {cfg.runtime.cluster}; "
-          f"dashboard: {ctx.runtime['dashboard']}", file=sys.stderr, flush=True)
+    print(
+        f"rapids_attn: {ctx.runtime['n_workers']} worker(s) on {cfg.runtime.cluster}; "
+        f"dashboard: {ctx.runtime['dashboard']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return client
 
 
@@ -174,8 +197,11 @@ def _summary(ctx: RunContext) -> dict:
     seconds = {k: round(v, 3) for k, v in ctx.timings.items()}
     explain = ctx.results.get("explain")
     if explain is None:
-        return {"stages": list(ctx.stages), **{name: r.to_dict() for name, r in ctx.results.items()},
-                "seconds": seconds}
+        return {
+            "stages": list(ctx.stages),
+            **{name: r.to_dict() for name, r in ctx.results.items()},
+            "seconds": seconds,
+        }
     summary = explain.to_dict()
     summary["seconds"] = {**summary.get("seconds", {}), **seconds}
     for name, result in ctx.results.items():  # a stage's result under its name, unless explain placed it

@@ -23,10 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a rapids_attn job: extract attention maps, embed, store in Zarr, reduce, cluster.",
     )
     p.add_argument("job", help="the job's YAML file (see jobs/ for examples)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a job field, e.g. --set data.limit=100 (repeatable; values parsed as YAML)")
-    p.add_argument("--stages", default=None,
-                   help="comma-separated subset of extract,learn,explain (default: all, in that order)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a job field, e.g. --set data.limit=100 (repeatable; values parsed as YAML)",
+    )
+    p.add_argument(
+        "--stages", default=None, help="comma-separated subset of extract,learn,explain (default: all, in that order)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a store made by a different job")
     p.add_argument("--check", action="store_true", help="validate the job and its inputs, then stop")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -46,8 +53,7 @@ def configure_process(verbose: bool) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if not verbose:
         import distributed  # noqa: F401  (it sets its loggers' levels on import; quiet them after)
 
@@ -73,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         stages = parse_stages(args.stages)
         if args.check:
             ctx = preflight(cfg, stages).ctx
-            print(f"ok: {len(ctx.examples)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} heads, "
-                  f"{ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}")
+            print(
+                f"ok: {len(ctx.examples)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} heads, "
+                f"{ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}"
+            )
             return 0
         t0 = time.perf_counter()
         summary = run_job(cfg, stages, overwrite=args.overwrite)
@@ -89,9 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if counts:
         clusters = summary["clusters"]
         sil = clusters.get("silhouette")
-        print(f"done in {took:.1f}s: {counts['examples']} examples, {counts['maps']:,} maps, "
-              f"{clusters['n_clusters']} clusters ({clusters['method']}, silhouette "
-              f"{'n/a' if sil is None else f'{sil:.3f}'}), {counts['truncated_examples']} truncated")
+        print(
+            f"done in {took:.1f}s: {counts['examples']} examples, {counts['maps']:,} maps, "
+            f"{clusters['n_clusters']} clusters ({clusters['method']}, silhouette "
+            f"{'n/a' if sil is None else f'{sil:.3f}'}), {counts['truncated_examples']} truncated"
+        )
         print(f"outputs: {cfg.run_dir}/maps.parquet, {cfg.run_dir}/summary.json, {cfg.run_dir}/store.zarr")
         if summary.get("report"):
             print(f"report:  {summary['report']}  (open it in a browser; no server needed)")

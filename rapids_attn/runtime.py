@@ -37,7 +37,9 @@ def check_runtime(cfg) -> None:
                 "runtime.cluster: local-cuda needs dask-cuda; pip install 'rapids_attn[gpu]' or use cluster: local"
             ) from None
         if cuda_device_count() == 0:
-            raise BackendUnavailableError("runtime.cluster: local-cuda but no CUDA device is visible; use cluster: local")
+            raise BackendUnavailableError(
+                "runtime.cluster: local-cuda but no CUDA device is visible; use cluster: local"
+            )
     if cfg.cluster == "scheduler" and cfg.scheduler_file is not None and not cfg.scheduler_file.is_file():
         raise BackendUnavailableError(f"runtime.scheduler_file: no such file: {cfg.scheduler_file}")
 
@@ -51,7 +53,7 @@ def _use_rmm_everywhere() -> str:
 
         torch.cuda.memory.change_current_allocator(rmm.allocators.torch.rmm_torch_allocator)
         out.append("torch")
-    except Exception as e:  # already-initialised torch allocator, or no rmm: keep going, say so
+    except Exception as e:  # noqa: BLE001 - already-initialised torch allocator, or no rmm: keep going, say so
         out.append(f"torch: {type(e).__name__}")
     try:
         import cupy
@@ -59,7 +61,7 @@ def _use_rmm_everywhere() -> str:
 
         cupy.cuda.set_allocator(rmm.allocators.cupy.rmm_cupy_allocator)
         out.append("cupy")
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - as above: report which allocator failed and go on
         out.append(f"cupy: {type(e).__name__}")
     return ", ".join(out)
 
@@ -83,8 +85,11 @@ class Runtime:
             from distributed import LocalCluster
 
             self.cluster = LocalCluster(
-                n_workers=n, threads_per_worker=cfg.threads_per_worker, processes=cfg.processes,
-                dashboard_address=cfg.dashboard_address, silence_logs=logging.ERROR,
+                n_workers=n,
+                threads_per_worker=cfg.threads_per_worker,
+                processes=cfg.processes,
+                dashboard_address=cfg.dashboard_address,
+                silence_logs=logging.ERROR,
             )
             self.client = Client(self.cluster)
         elif cfg.cluster == "local-cuda":
@@ -93,8 +98,11 @@ class Runtime:
             pool = 0.8 if cfg.rmm_pool_size == "auto" else cfg.rmm_pool_size  # 0.8: a fraction of each GPU
             kw = {} if pool is None else {"rmm_pool_size": pool}
             self.cluster = LocalCUDACluster(
-                n_workers=n, threads_per_worker=cfg.threads_per_worker, dashboard_address=cfg.dashboard_address,
-                silence_logs=logging.ERROR, **kw,
+                n_workers=n,
+                threads_per_worker=cfg.threads_per_worker,
+                dashboard_address=cfg.dashboard_address,
+                silence_logs=logging.ERROR,
+                **kw,
             )
             self.client = Client(self.cluster)
             self.description["rmm"] = sorted(set(self.client.run(_use_rmm_everywhere).values()))
@@ -114,12 +122,14 @@ class Runtime:
         if not workers and cfg.cluster == "scheduler":
             self.client.wait_for_workers(1, timeout=120)
             workers = self.client.scheduler_info()["workers"]
-        self.description.update({
-            "cluster": cfg.cluster,
-            "n_workers": len(workers),
-            "threads_per_worker": cfg.threads_per_worker,
-            "dashboard": self.client.dashboard_link,
-        })
+        self.description.update(
+            {
+                "cluster": cfg.cluster,
+                "n_workers": len(workers),
+                "threads_per_worker": cfg.threads_per_worker,
+                "dashboard": self.client.dashboard_link,
+            }
+        )
         return self.client
 
     def __exit__(self, *exc):

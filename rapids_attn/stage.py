@@ -91,7 +91,7 @@ class Stage(ABC):
     def from_job(cls, cfg: JobConfig) -> Stage:
         """Build the stage from the job sections it uses, and nothing else."""
 
-    def check(self, ctx: RunContext) -> None:  # noqa: B027 - most stages check nothing of their own
+    def check(self, ctx: RunContext) -> None:
         """Preflight: raise a UserError (one line naming the field or file) before any worker starts."""
 
     def uses_cluster(self, ctx: RunContext) -> bool:
@@ -102,5 +102,5 @@ class Stage(ABC):
     def run(self, ctx: RunContext, client=None) -> StageResult:
         """Do the stage's work; ``client`` is the Dask client when :meth:`uses_cluster` said so."""
 
-    def release(self, client) -> None:  # noqa: B027 - most stages hold nothing on the workers
+    def release(self, client) -> None:
         """The cluster stays up for a later stage: free what this stage left on the workers."""

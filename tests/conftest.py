@@ -20,13 +20,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI does: no OpenMP spin-waiting on shared cores
 
 
-
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
 
         has_cuda = torch.cuda.is_available()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable CUDA is no GPU
         has_cuda = False
     if has_cuda:
         return
@@ -46,8 +45,14 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-bert")
     tok = AutoTokenizer.from_pretrained(resolve_model_name("minilm-l6"))
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(cfg).save_pretrained(out)
     tok.model_max_length = 128
     tok.save_pretrained(out)
@@ -62,8 +67,15 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-gpt2")
     tok = bpe_tokenizer()
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=2,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     GPT2Model(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -77,9 +89,17 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-llama")
     tok = bpe_tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     LlamaModel(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -91,6 +111,13 @@ def pair_data(tmp_path) -> Path:
     rows = []
     for i in range(20):
         ctx = " ".join(CORPUS[i % 5].split() * (1 + (i * 7) % 9))
-        rows.append({"id": f"q{i}", "question": f"question number {i} about {CORPUS[i % 5].split()[1]}?",
-                     "context": ctx, "topic": f"t{i % 3}", "answerable": i % 2 == 0})
+        rows.append(
+            {
+                "id": f"q{i}",
+                "question": f"question number {i} about {CORPUS[i % 5].split()[1]}?",
+                "context": ctx,
+                "topic": f"t{i % 3}",
+                "answerable": i % 2 == 0,
+            }
+        )
     return write_jsonl(tmp_path / "pairs.jsonl", rows)

@@ -35,8 +35,11 @@ def bpe_tokenizer():
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(CORPUS, vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"])
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-        unk_token="<|endoftext|>", model_max_length=128,
+        tokenizer_object=bpe._tokenizer,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        model_max_length=128,
     )
 
 
@@ -51,15 +54,26 @@ def make_job(tmp_path: Path, model_dir: Path, data: Path, **sections) -> dict:
     """A small job dict for tests: in-process workers, tiny shards, CPU learn."""
     job = {
         "name": "t",
-        "data": {"path": str(data), "format": "jsonl", "text_fields": ["question", "context"], "id_field": "id",
-                 "group_field": "topic", "label_field": "answerable"},
+        "data": {
+            "path": str(data),
+            "format": "jsonl",
+            "text_fields": ["question", "context"],
+            "id_field": "id",
+            "group_field": "topic",
+            "label_field": "answerable",
+        },
         "model": {"name": str(model_dir)},
         "extract": {"image_size": 8, "thumbnail_size": 4, "shard_size": 6, "token_budget": 512},
         "embed": {"name": "pooled", "pooled_size": 4},
         "reduce": {"pca_components": 4},
         "cluster": {"method": "kmeans", "n_clusters": 3, "silhouette_sample": 200},
-        "runtime": {"cluster": "local", "n_workers": 1, "processes": False, "learn_backend": "cpu",
-                    "dashboard_address": ":0"},
+        "runtime": {
+            "cluster": "local",
+            "n_workers": 1,
+            "processes": False,
+            "learn_backend": "cpu",
+            "dashboard_address": ":0",
+        },
         "output": {"dir": str(tmp_path / "run")},
     }
     for name, values in sections.items():
@@ -78,11 +92,20 @@ def planted_store(tmp_path: Path, seed: int = 0):
     centers = rng.normal(0, 10, size=(3, D))
     truth = rng.integers(0, 3, size=(E, L, H))
     feats = centers[truth] + rng.normal(0, 0.3, size=(E, L, H, D))
-    layout = StoreLayout(n_examples=E, layers=[0, 1], heads=[0, 1, 2], feature_dim=D, image_size=8,
-                         thumb_size=0, shard_size=16, stat_names=["entropy"], features_dtype="float32")
+    layout = StoreLayout(
+        n_examples=E,
+        layers=[0, 1],
+        heads=[0, 1, 2],
+        feature_dim=D,
+        image_size=8,
+        thumb_size=0,
+        shard_size=16,
+        stat_names=["entropy"],
+        features_dtype="float32",
+    )
     path = tmp_path / "store.zarr"
     ids = [f"e{i}" for i in range(E)]
-    g = create_store(path, layout, {}, "key", {}, ids, [""] * E, [""] * E)
+    create_store(path, layout, {}, "key", {}, ids, [""] * E, [""] * E)
     for s in range(layout.n_shards):
         a, b = layout.shard_rows(s)
         write_shard(str(path), layout, s, {"features": feats[a:b].astype(np.float32)})
@@ -107,5 +130,3 @@ def learn_sections(**overrides):
 def learn(g, backend=None, **overrides) -> dict:
     reduce, cluster = learn_sections(**overrides)
     return fit_store(g, reduce, cluster, backend or resolve_learn_backend("cpu"), seed=0)
-
-

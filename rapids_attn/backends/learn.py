@@ -88,9 +88,12 @@ class LearnBackend:
             try:
                 from umap import UMAP
             except ImportError:
-                raise BackendUnavailableError("reduce.umap.enabled: umap-learn is not installed; pip install umap-learn") from None
-        return UMAP(n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric,
-                    random_state=seed)
+                raise BackendUnavailableError(
+                    "reduce.umap.enabled: umap-learn is not installed; pip install umap-learn"
+                ) from None
+        return UMAP(
+            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
+        )
 
     def nearest_neighbors(self):
         if self.gpu:

@@ -32,7 +32,9 @@ def single_token_words(tokenizer) -> list[str]:
 def repeated_token_probes(tokenizer, count: int, length: int, seed: int, pairs: bool) -> list[Example]:
     words = single_token_words(tokenizer)
     if len(words) < length:
-        raise DataError(f"data.probe: the tokenizer has only {len(words)} single-token words; set data.probe.length lower")
+        raise DataError(
+            f"data.probe: the tokenizer has only {len(words)} single-token words; set data.probe.length lower"
+        )
     rng = np.random.default_rng(seed)
     out = []
     for i in range(count):

@@ -71,8 +71,9 @@ def read_examples(
     fmt = detect_format(path) if format == "auto" else format
     if (fmt == "hf") != path.is_dir():
         want = "a directory written by datasets' save_to_disk" if fmt == "hf" else "a file"
-        raise DataError(f"data.path: {path} is not {want}, as data.format {fmt!r} needs; "
-                        f"set data.path or data.format to match")
+        raise DataError(
+            f"data.path: {path} is not {want}, as data.format {fmt!r} needs; set data.path or data.format to match"
+        )
 
     try:
         if fmt == "squad":
@@ -97,24 +98,31 @@ def detect_format(path: Path) -> str:
     if path.is_dir():
         if any((path / name).is_file() for name in _HF_MARKERS):
             return "hf"
-        raise DataError(f"data.path: {path} is a directory but not a saved HuggingFace dataset "
-                        f"(no {' / '.join(_HF_MARKERS)}); point data.path at a dataset file or a "
-                        f"save_to_disk directory")
+        raise DataError(
+            f"data.path: {path} is a directory but not a saved HuggingFace dataset "
+            f"(no {' / '.join(_HF_MARKERS)}); point data.path at a dataset file or a "
+            f"save_to_disk directory"
+        )
     fmt = _SUFFIX_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise DataError(f"data.format: cannot tell the format of {path} from its suffix "
-                        f"{path.suffix or '(none)'!r}; set data.format to one of "
-                        f"{', '.join(FORMATS[1:])}")
+        raise DataError(
+            f"data.format: cannot tell the format of {path} from its suffix "
+            f"{path.suffix or '(none)'!r}; set data.format to one of "
+            f"{', '.join(FORMATS[1:])}"
+        )
     return fmt
 
 
-def select(examples: list[Example], limit: int | None = None, sample: int | None = None,
-           seed: int = 0) -> list[Example]:
+def select(
+    examples: list[Example], limit: int | None = None, sample: int | None = None, seed: int = 0
+) -> list[Example]:
     """Apply the seeded ``sample`` (original order kept), then ``limit``."""
     for name, value in (("sample", sample), ("limit", limit)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise DataError(f"data.{name}: must be a positive integer, got {value!r}; "
-                            f"set data.{name} to a number >= 1 or leave it unset")
+            raise DataError(
+                f"data.{name}: must be a positive integer, got {value!r}; "
+                f"set data.{name} to a number >= 1 or leave it unset"
+            )
     if sample is not None and sample < len(examples):
         rng = np.random.default_rng(seed)
         keep = np.sort(rng.choice(len(examples), size=sample, replace=False))
@@ -132,8 +140,10 @@ def read_squad(path: Path) -> list[Example]:
     root = _load_json(path)
     articles = root.get("data") if isinstance(root, dict) else None
     if not isinstance(articles, list):
-        raise DataError(f"data.path: {path} has no top-level 'data' list, so it is not SQuAD JSON; "
-                        f"for one JSON record per line name the file .jsonl or set data.format: jsonl")
+        raise DataError(
+            f"data.path: {path} has no top-level 'data' list, so it is not SQuAD JSON; "
+            f"for one JSON record per line name the file .jsonl or set data.format: jsonl"
+        )
     examples = []
     for a, article in enumerate(articles):
         where = f"data[{a}]"
@@ -149,23 +159,27 @@ def read_squad(path: Path) -> list[Example]:
                 qid = _squad_get(qa, "id", (str, int), path, qwhere)
                 impossible = qa.get("is_impossible", False)  # SQuAD 1.1 has no is_impossible
                 label = "impossible" if impossible else "answerable"
-                examples.append(Example(id=str(qid), text=question, text_pair=context,
-                                        group=group, label=label))
+                examples.append(Example(id=str(qid), text=question, text_pair=context, group=group, label=label))
     return examples
 
 
 def _squad_get(node: Any, key: str, kind: type | tuple[type, ...], path: Path, where: str) -> Any:
     """node[key], checked to be of ``kind``; DataError naming the JSON location otherwise."""
     if not isinstance(node, dict):
-        raise DataError(f"data.path: {where} in {path} is a {type(node).__name__}, not an object; "
-                        f"fix the file so it follows the SQuAD JSON layout")
+        raise DataError(
+            f"data.path: {where} in {path} is a {type(node).__name__}, not an object; "
+            f"fix the file so it follows the SQuAD JSON layout"
+        )
     if key not in node:
-        raise DataError(f"data.path: {where} in {path} has no {key!r}; "
-                        f"fix the file so it follows the SQuAD JSON layout")
+        raise DataError(
+            f"data.path: {where} in {path} has no {key!r}; fix the file so it follows the SQuAD JSON layout"
+        )
     value = node[key]
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise DataError(f"data.path: {where}.{key} in {path} is a {type(value).__name__}; "
-                        f"fix the file so it follows the SQuAD JSON layout")
+        raise DataError(
+            f"data.path: {where}.{key} in {path} is a {type(value).__name__}; "
+            f"fix the file so it follows the SQuAD JSON layout"
+        )
     return value
 
 
@@ -188,27 +202,37 @@ def _load_json(path: Path) -> Any:
 class _FieldSpec:
     """Which record fields feed an Example (jsonl, csv and hf share this)."""
 
-    def __init__(self, text: str, pair: str | None, id: str | None, group: str | None,
-                 label: str | None) -> None:
+    def __init__(self, text: str, pair: str | None, id: str | None, group: str | None, label: str | None) -> None:
         self.text, self.pair, self.id, self.group, self.label = text, pair, id, group, label
 
     @classmethod
-    def make(cls, text_fields: Sequence[str] | str | None, id_field: str | None,
-             group_field: str | None, label_field: str | None) -> _FieldSpec:
+    def make(
+        cls,
+        text_fields: Sequence[str] | str | None,
+        id_field: str | None,
+        group_field: str | None,
+        label_field: str | None,
+    ) -> _FieldSpec:
         fields = ["text"] if text_fields is None else text_fields
         if isinstance(fields, str):
             fields = [fields]
         fields = list(fields)
         if not 1 <= len(fields) <= 2 or not all(isinstance(f, str) and f for f in fields):
-            raise DataError(f"data.text_fields: must list 1 or 2 field names, got {text_fields!r}; "
-                            f"e.g. [question] or [question, context]")
+            raise DataError(
+                f"data.text_fields: must list 1 or 2 field names, got {text_fields!r}; "
+                f"e.g. [question] or [question, context]"
+            )
         return cls(fields[0], fields[1] if len(fields) == 2 else None, id_field, group_field, label_field)
 
     def required(self) -> list[tuple[str, str]]:
         """(field, setting that names it) for every field each record must have."""
-        named = [(self.text, "data.text_fields"), (self.pair, "data.text_fields"),
-                 (self.id, "data.id_field"), (self.group, "data.group_field"),
-                 (self.label, "data.label_field")]
+        named = [
+            (self.text, "data.text_fields"),
+            (self.pair, "data.text_fields"),
+            (self.id, "data.id_field"),
+            (self.group, "data.group_field"),
+            (self.label, "data.label_field"),
+        ]
         return [(field, setting) for field, setting in named if field is not None]
 
     def check_fields(self, present: Iterable[str], where: str) -> None:
@@ -216,8 +240,10 @@ class _FieldSpec:
         present = list(present)
         for field, setting in self.required():
             if field not in present:
-                raise DataError(f"data.path: {where} has no field {field!r}; set {setting} to a field "
-                                f"that exists (found: {', '.join(map(str, present)) or 'none'})")
+                raise DataError(
+                    f"data.path: {where} has no field {field!r}; set {setting} to a field "
+                    f"that exists (found: {', '.join(map(str, present)) or 'none'})"
+                )
 
     def example(self, record: Mapping[str, Any], index: int, where: str) -> Example:
         """Build the Example for record number ``index`` (0-based); ``where`` locates it in messages."""
@@ -229,19 +255,25 @@ class _FieldSpec:
         else:
             value = record[self.id]
             if value is None or value == "":
-                raise DataError(f"data.path: {where} has an empty id in field {self.id!r}; "
-                                f"give every record an id or leave data.id_field unset")
+                raise DataError(
+                    f"data.path: {where} has an empty id in field {self.id!r}; "
+                    f"give every record an id or leave data.id_field unset"
+                )
             ex_id = str(value)
-        return Example(id=ex_id, text=text, text_pair=pair,
-                       group=_plain_value(record, self.group), label=_plain_value(record, self.label))
+        return Example(
+            id=ex_id,
+            text=text,
+            text_pair=pair,
+            group=_plain_value(record, self.group),
+            label=_plain_value(record, self.label),
+        )
 
 
 def _text_value(record: Mapping[str, Any], field: str, where: str) -> str:
     value = record[field]
     if value is None or isinstance(value, (dict, list, tuple)):
         kind = "empty" if value is None else f"a {type(value).__name__}, not text"
-        raise DataError(f"data.path: {where} field {field!r} is {kind}; "
-                        f"set data.text_fields to fields that hold text")
+        raise DataError(f"data.path: {where} field {field!r} is {kind}; set data.text_fields to fields that hold text")
     return value if isinstance(value, str) else str(value)
 
 
@@ -263,11 +295,14 @@ def read_jsonl(path: Path, spec: _FieldSpec) -> list[Example]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"data.path: {where} is not valid JSON ({e.msg}); "
-                                    f"fix or remove that line") from None
+                    raise DataError(
+                        f"data.path: {where} is not valid JSON ({e.msg}); fix or remove that line"
+                    ) from None
                 if not isinstance(record, dict):
-                    raise DataError(f"data.path: {where} is a JSON {type(record).__name__}, not an "
-                                    f"object; write one JSON object per line")
+                    raise DataError(
+                        f"data.path: {where} is a JSON {type(record).__name__}, not an "
+                        f"object; write one JSON object per line"
+                    )
                 examples.append(spec.example(record, len(examples), where))
     except UnicodeDecodeError as e:
         raise _not_utf8(path, e) from None
@@ -287,12 +322,13 @@ def read_csv(path: Path, spec: _FieldSpec) -> list[Example]:
             for row in reader:
                 where = f"line {reader.line_num} of {path}"
                 if None in row or any(v is None for v in row.values()):
-                    raise DataError(f"data.path: {where} has a different number of columns than the "
-                                    f"header ({len(reader.fieldnames)}); fix that row")
+                    raise DataError(
+                        f"data.path: {where} has a different number of columns than the "
+                        f"header ({len(reader.fieldnames)}); fix that row"
+                    )
                 examples.append(spec.example(row, len(examples), where))
     except csv.Error as e:
-        raise DataError(f"data.path: line {reader.line_num} of {path} is not valid CSV ({e}); "
-                        f"fix that row") from None
+        raise DataError(f"data.path: line {reader.line_num} of {path} is not valid CSV ({e}); fix that row") from None
     except UnicodeDecodeError as e:
         raise _not_utf8(path, e) from None
     return examples
@@ -302,8 +338,9 @@ def read_text(path: Path) -> list[Example]:
     """Plain text: one Example per non-empty line (stripped); id = 1-based line number."""
     try:
         with open(path, encoding="utf-8-sig") as f:
-            return [Example(id=str(lineno), text=line.strip())
-                    for lineno, line in enumerate(f, start=1) if line.strip()]
+            return [
+                Example(id=str(lineno), text=line.strip()) for lineno, line in enumerate(f, start=1) if line.strip()
+            ]
     except UnicodeDecodeError as e:
         raise _not_utf8(path, e) from None
 
@@ -313,21 +350,23 @@ def read_hf(path: Path, spec: _FieldSpec) -> list[Example]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"data.format: reading {path} as a HuggingFace dataset needs the datasets "
-                        f"library; pip install datasets") from None
+        raise DataError(
+            f"data.format: reading {path} as a HuggingFace dataset needs the datasets library; pip install datasets"
+        ) from None
     try:
         ds = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError, OSError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(f"data.path: {path} cannot be loaded with datasets.load_from_disk ({reason}); "
-                        f"point data.path at a directory written by save_to_disk") from None
+        raise DataError(
+            f"data.path: {path} cannot be loaded with datasets.load_from_disk ({reason}); "
+            f"point data.path at a directory written by save_to_disk"
+        ) from None
     where = f"dataset {path}"
     if isinstance(ds, datasets.DatasetDict):
         if not ds:
             return []
         split = "validation" if "validation" in ds else next(iter(ds))
-        logger.info("data.path: %s is a DatasetDict with splits %s; using split %r",
-                    path, ", ".join(ds), split)
+        logger.info("data.path: %s is a DatasetDict with splits %s; using split %r", path, ", ".join(ds), split)
         ds = ds[split]
         where = f"dataset {path} (split {split!r})"
     spec.check_fields(ds.column_names, where)
@@ -342,11 +381,12 @@ def _check_unique_ids(examples: list[Example], path: Path) -> None:
     for i, ex in enumerate(examples):
         j = first.setdefault(ex.id, i)
         if j != i:
-            raise DataError(f"data.path: duplicate id {ex.id!r} in {path} (records {j} and {i}, "
-                            f"counting from 0); ids must be unique: set data.id_field to a unique "
-                            f"field or leave it unset to number the records")
+            raise DataError(
+                f"data.path: duplicate id {ex.id!r} in {path} (records {j} and {i}, "
+                f"counting from 0); ids must be unique: set data.id_field to a unique "
+                f"field or leave it unset to number the records"
+            )
 
 
 def _not_utf8(path: Path, e: UnicodeDecodeError) -> DataError:
-    return DataError(f"data.path: {path} is not UTF-8 text (bad byte at offset {e.start}); "
-                     f"re-save the file as UTF-8")
+    return DataError(f"data.path: {path} is not UTF-8 text (bad byte at offset {e.start}); re-save the file as UTF-8")

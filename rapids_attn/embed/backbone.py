@@ -58,7 +58,7 @@ def ensure_imagenet_weights(name: str) -> Path:
     weights = imagenet_weights(name)
     try:
         weights.get_state_dict(progress=False)
-    except Exception as e:  # URLError, socket errors, HTTP errors: all mean "not reachable"
+    except Exception as e:  # noqa: BLE001 - URLError, socket errors, HTTP errors: all mean "not reachable"
         raise JobConfigError(
             f"embed.weights: ImageNet weights for {name} are not in torchvision's cache ({path}) and could not be "
             f"downloaded ({type(e).__name__}); fetch {weights.url} on a machine with a network and set "
@@ -89,7 +89,7 @@ def _build_network(name: str, weights: str):
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
         net.load_state_dict(state)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any load failure is the file's fault: one line
         raise JobConfigError(
             f"embed.weights: {path} is not a {name} state dict loadable with weights_only=True ({str(e).splitlines()[0][:160]})"
         ) from None
@@ -104,7 +104,9 @@ def _strip_head(net) -> tuple[torch.nn.Module, int]:
         return net, dim
     if hasattr(net, "classifier"):
         head = net.classifier
-        linears = [m for m in (head.modules() if isinstance(head, torch.nn.Module) else []) if isinstance(m, torch.nn.Linear)]
+        linears = [
+            m for m in (head.modules() if isinstance(head, torch.nn.Module) else []) if isinstance(m, torch.nn.Linear)
+        ]
         if linears:
             dim = linears[0].in_features
             net.classifier = torch.nn.Identity()
@@ -125,7 +127,7 @@ def _fold_batch_norms(net: torch.nn.Module) -> torch.nn.Module:
 
     try:
         return fuse(net)
-    except Exception as e:  # symbolic tracing is not possible for every torchvision model
+    except Exception as e:  # noqa: BLE001 - symbolic tracing is not possible for every torchvision model
         log.info("batch norms not folded for %s: %s", type(net).__name__, str(e).splitlines()[0][:120])
         return net
 
@@ -152,8 +154,10 @@ def quantize_int8(net: torch.nn.Module, calibration: torch.Tensor, chunk: int = 
             f"embed.precision: int8 needs PyTorch's oneDNN quantized engine, which this build lacks "
             f"(engines: {', '.join(torch.backends.quantized.supported_engines)}); use precision: float32"
         )
-    qconfig = QConfig(activation=HistogramObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=127),
-                      weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric))
+    qconfig = QConfig(
+        activation=HistogramObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=127),
+        weight=PerChannelMinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_channel_symmetric),
+    )
     mapping = get_default_qconfig_mapping("onednn").set_global(qconfig)
     with onednn_engine(), _quiet_quantization():
         prepared = prepare_fx(net.eval(), mapping, example_inputs=(calibration[:1],))
@@ -188,8 +192,17 @@ def _quiet_quantization():
 
 
 class BackboneEmbedder(ImageEmbedder):
-    def __init__(self, name: str, weights: str, input_size: int, batch_size: int, device: str = "cpu",
-                 precision: str = "float32", image_size: int = 32, prepare: bool = True):
+    def __init__(
+        self,
+        name: str,
+        weights: str,
+        input_size: int,
+        batch_size: int,
+        device: str = "cpu",
+        precision: str = "float32",
+        image_size: int = 32,
+        prepare: bool = True,
+    ):
         """``precision``: float32, float16 or int8, as the device plan resolved it (int8 only ever
         on the CPU: :mod:`rapids_attn.devices` refuses it on a GPU before any worker starts).
         ``image_size`` is the side of the maps it will be given (int8 calibrates at it);
@@ -240,6 +253,8 @@ class BackboneEmbedder(ImageEmbedder):
             if self.int8:
                 scope.enter_context(onednn_engine())
                 scope.enter_context(_quiet_quantization())
-            out = [self.net(self._prepare(images[start:start + self.chunk])).float().flatten(1)
-                   for start in range(0, images.shape[0], self.chunk)]
+            out = [
+                self.net(self._prepare(images[start : start + self.chunk])).float().flatten(1)
+                for start in range(0, images.shape[0], self.chunk)
+            ]
         return torch.cat(out) if out else torch.zeros(0, self.dim, device=self.device)

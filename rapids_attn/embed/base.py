@@ -75,8 +75,9 @@ class PooledEmbedder(ImageEmbedder):
         return pooled.flatten(1)
 
 
-def build_embedder(cfg, image_size: int, device: str = "cpu", precision: str = "float32",
-                   prepare: bool = True) -> Embedder:
+def build_embedder(
+    cfg, image_size: int, device: str = "cpu", precision: str = "float32", prepare: bool = True
+) -> Embedder:
     """``cfg`` is the job's EmbedConfig; ``device`` and ``precision`` (``float32``, ``float16`` or
     ``int8``) come from the device plan. Raises JobConfigError for an unknown name or bad weights.
     ``prepare=False`` (preflight) loads and checks without the one-off int8 calibration."""
@@ -88,5 +89,13 @@ def build_embedder(cfg, image_size: int, device: str = "cpu", precision: str = "
         return PatternCNNEmbedder(device, cfg.batch_size, precision)
     from rapids_attn.embed.backbone import BackboneEmbedder
 
-    return BackboneEmbedder(cfg.name, cfg.weights, cfg.input_size, cfg.batch_size, device,
-                            precision=precision, image_size=image_size, prepare=prepare)
+    return BackboneEmbedder(
+        cfg.name,
+        cfg.weights,
+        cfg.input_size,
+        cfg.batch_size,
+        device,
+        precision=precision,
+        image_size=image_size,
+        prepare=prepare,
+    )

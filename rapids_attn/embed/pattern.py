@@ -28,8 +28,9 @@ from rapids_attn.store.schema import PATTERN, PATTERN_PROB, Attr
 
 
 class PatternCNNEmbedder(Embedder):
-    def __init__(self, device="cpu", batch_size: int = 4096, precision: str = "float32",
-                 weights_dir: Path | str | None = None):
+    def __init__(
+        self, device="cpu", batch_size: int = 4096, precision: str = "float32", weights_dir: Path | str | None = None
+    ):
         """``precision``: ``float32`` or ``float16`` (the device plan gives float16 on a GPU)."""
         from rapids_attn.patterns.cnn import WEIGHTS_DIR, WEIGHTS_FILE, load_pattern_cnn
 
@@ -40,9 +41,7 @@ class PatternCNNEmbedder(Embedder):
         try:
             model, meta = load_pattern_cnn(self.device, weights_dir)
         except FileNotFoundError as e:
-            raise JobConfigError(
-                f"embed.name: pattern-cnn weights are missing ({e}); reinstall rapids_attn"
-            ) from None
+            raise JobConfigError(f"embed.name: pattern-cnn weights are missing ({e}); reinstall rapids_attn") from None
         self.model = model.to(self.dtype)
         self.meta = meta
         self.batch_size = int(batch_size)
@@ -52,8 +51,10 @@ class PatternCNNEmbedder(Embedder):
         self.outputs = {PATTERN: "int8", PATTERN_PROB: "float16"}
         weights = (Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR) / WEIGHTS_FILE.name
         # the weights' hash is part of the store's layout: new weights make a different store
-        self.store_attrs = {Attr.PATTERN_CLASSES: list(self.classes),
-                            Attr.PATTERN_CNN_SHA: hashlib.sha256(weights.read_bytes()).hexdigest()[:16]}
+        self.store_attrs = {
+            Attr.PATTERN_CLASSES: list(self.classes),
+            Attr.PATTERN_CNN_SHA: hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
+        }
 
     @torch.inference_mode()
     def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
@@ -61,16 +62,18 @@ class PatternCNNEmbedder(Embedder):
         ``pattern`` [N] int64 (index into ``classes``) and ``pattern_prob`` [N] float32."""
         n = images.shape[0]
         if profile.shape != (n, len(PROFILE_OFFSETS)) or stats.shape != (n, len(STAT_NAMES)):
-            raise ValueError(f"expected profile [{n}, {len(PROFILE_OFFSETS)}] and stats [{n}, {len(STAT_NAMES)}], "
-                             f"got {tuple(profile.shape)} and {tuple(stats.shape)}")
+            raise ValueError(
+                f"expected profile [{n}, {len(PROFILE_OFFSETS)}] and stats [{n}, {len(STAT_NAMES)}], "
+                f"got {tuple(profile.shape)} and {tuple(stats.shape)}"
+            )
         out_device = images.device
         feats, patterns, probs = [], [], []
         for a in range(0, n, self.batch_size):
-            x = images[a:a + self.batch_size].to(self.device, torch.float32)
+            x = images[a : a + self.batch_size].to(self.device, torch.float32)
             if x.shape[-1] != self.image_size or x.shape[-2] != self.image_size:
                 x = area_resize(x, self.image_size)
-            p = profile[a:a + self.batch_size].to(self.device, self.dtype)
-            s = stats[a:a + self.batch_size].to(self.device, self.dtype)
+            p = profile[a : a + self.batch_size].to(self.device, self.dtype)
+            s = stats[a : a + self.batch_size].to(self.device, self.dtype)
             logits, f = self.model(x.to(self.dtype), p, s, return_features=True)
             prob = torch.softmax(logits.float(), dim=1)
             top, idx = prob.max(dim=1)
@@ -78,9 +81,17 @@ class PatternCNNEmbedder(Embedder):
             patterns.append(idx)
             probs.append(top)
         if not feats:
-            return Embedding(torch.zeros(0, self.dim, device=out_device),
-                             {PATTERN: torch.zeros(0, dtype=torch.long, device=out_device),
-                              PATTERN_PROB: torch.zeros(0, device=out_device)})
-        return Embedding(torch.cat(feats).to(out_device),
-                         {PATTERN: torch.cat(patterns).to(out_device, torch.long),
-                          PATTERN_PROB: torch.cat(probs).to(out_device, torch.float32)})
+            return Embedding(
+                torch.zeros(0, self.dim, device=out_device),
+                {
+                    PATTERN: torch.zeros(0, dtype=torch.long, device=out_device),
+                    PATTERN_PROB: torch.zeros(0, device=out_device),
+                },
+            )
+        return Embedding(
+            torch.cat(feats).to(out_device),
+            {
+                PATTERN: torch.cat(patterns).to(out_device, torch.long),
+                PATTERN_PROB: torch.cat(probs).to(out_device, torch.float32),
+            },
+        )

@@ -30,8 +30,16 @@ def _span(layers: list[int]) -> str:
 def _signature(i: int, maps: _Maps, sums: _Sums, words: dict[str, str]) -> list[SignatureItem]:
     """The three stats whose cluster mean differs most from the overall mean, in standard deviations."""
     z = (sums.means[i] - sums.overall) / sums.std
-    return [SignatureItem(stat=maps.stat_names[j], label=words[maps.stat_names[j]], mean=float(sums.means[i, j]),
-                          overall=float(sums.overall[j]), z=float(z[j])) for j in np.argsort(-np.abs(z))[:3]]
+    return [
+        SignatureItem(
+            stat=maps.stat_names[j],
+            label=words[maps.stat_names[j]],
+            mean=float(sums.means[i, j]),
+            overall=float(sums.overall[j]),
+            z=float(z[j]),
+        )
+        for j in np.argsort(-np.abs(z))[:3]
+    ]
 
 
 def _where(maps: _Maps, occ_counts: np.ndarray, occupancy: np.ndarray, size: int):
@@ -39,12 +47,22 @@ def _where(maps: _Maps, occ_counts: np.ndarray, occupancy: np.ndarray, size: int
     nh = maps.n_heads
     share_of_cluster = occ_counts / max(size, 1)
     flat_share, flat_occ = share_of_cluster.reshape(-1), occupancy.reshape(-1)
-    top_heads = [HeadShare(layer=maps.layers[f // nh], head=maps.heads[f % nh], share_of_head=float(flat_occ[f]),
-                           share_of_cluster=float(flat_share[f]))
-                 for f in np.argsort(-flat_share)[:8] if flat_share[f] > 0]
+    top_heads = [
+        HeadShare(
+            layer=maps.layers[f // nh],
+            head=maps.heads[f % nh],
+            share_of_head=float(flat_occ[f]),
+            share_of_cluster=float(flat_share[f]),
+        )
+        for f in np.argsort(-flat_share)[:8]
+        if flat_share[f] > 0
+    ]
     layer_share = share_of_cluster.sum(1)
-    top_layers = [LayerShare(layer=maps.layers[j], share_of_cluster=float(layer_share[j]))
-                  for j in np.argsort(-layer_share) if layer_share[j] > 0]
+    top_layers = [
+        LayerShare(layer=maps.layers[j], share_of_cluster=float(layer_share[j]))
+        for j in np.argsort(-layer_share)
+        if layer_share[j] > 0
+    ]
     cum, main_layers = 0.0, []
     for item in top_layers:  # the biggest layers until they hold 60% of the cluster, at most three
         main_layers.append(item.layer)
@@ -61,10 +79,15 @@ def _composition(members: np.ndarray, ex: _Examples, group_dominance: float):
     of_ex = ex.of_map[members]
     g_counts = np.bincount(ex.group_inv[of_ex], minlength=len(ex.group_codes)) / size
     gi = int(g_counts.argmax())
-    dominated = bool(len(ex.group_codes) > 1 and g_counts[gi] > group_dominance
-                     and g_counts[gi] >= 2 * ex.group_overall[gi])
-    groups = GroupShare(top=str(ex.group_codes[gi]), share=float(g_counts[gi]),
-                        overall_share=float(ex.group_overall[gi]), dominated=dominated)
+    dominated = bool(
+        len(ex.group_codes) > 1 and g_counts[gi] > group_dominance and g_counts[gi] >= 2 * ex.group_overall[gi]
+    )
+    groups = GroupShare(
+        top=str(ex.group_codes[gi]),
+        share=float(g_counts[gi]),
+        overall_share=float(ex.group_overall[gi]),
+        dominated=dominated,
+    )
     l_counts = np.bincount(ex.label_inv[of_ex], minlength=len(ex.label_codes)) / size
     labels = {str(lc): float(v) for lc, v in zip(ex.label_codes, l_counts)}
     patterns: dict[str, float] = {}
@@ -81,8 +104,17 @@ def exemplar_picks(members: np.ndarray, near: list[int], m: int, rng: np.random.
     return near + sorted(rand)
 
 
-def describe_cluster(i: int, members: np.ndarray, maps: _Maps, sums: _Sums, occ: tuple[np.ndarray, np.ndarray],
-                      ex: _Examples, words: dict[str, str], cfg, refs: list[ExemplarRef]) -> ClusterFinding:
+def describe_cluster(
+    i: int,
+    members: np.ndarray,
+    maps: _Maps,
+    sums: _Sums,
+    occ: tuple[np.ndarray, np.ndarray],
+    ex: _Examples,
+    words: dict[str, str],
+    cfg,
+    refs: list[ExemplarRef],
+) -> ClusterFinding:
     """Cluster row i (its maps: members) in words and numbers. occ: its maps per head and its share of
     each head's maps."""
     size = int(sums.counts[i])
@@ -91,9 +123,21 @@ def describe_cluster(i: int, members: np.ndarray, maps: _Maps, sums: _Sums, occ:
     groups, labels, patterns = _composition(members, ex, cfg.group_dominance)
     pattern = next(iter(patterns), None)
     summary = (f"{pattern} pattern ({patterns[pattern]:.0%} of its maps); " if patterns else "") + "; ".join(
-        f"{s.label}: {s.mean:.2f} vs {s.overall:.2f} overall" for s in signature)
+        f"{s.label}: {s.mean:.2f} vs {s.overall:.2f} overall" for s in signature
+    )
     return ClusterFinding(
-        id=maps.ids[i], size=size, share=float(size / sums.counts.sum()), summary=summary, signature=signature,
-        means={s: float(sums.means[i, j]) for j, s in enumerate(maps.stat_names)}, top_heads=top_heads,
-        top_layers=top_layers, dominant_description=where, groups=groups, labels=labels, patterns=patterns,
-        pattern=pattern, exemplar_examples=refs[:cfg.head_views])
+        id=maps.ids[i],
+        size=size,
+        share=float(size / sums.counts.sum()),
+        summary=summary,
+        signature=signature,
+        means={s: float(sums.means[i, j]) for j, s in enumerate(maps.stat_names)},
+        top_heads=top_heads,
+        top_layers=top_layers,
+        dominant_description=where,
+        groups=groups,
+        labels=labels,
+        patterns=patterns,
+        pattern=pattern,
+        exemplar_examples=refs[: cfg.head_views],
+    )

@@ -98,7 +98,7 @@ class _Maps:
 
     def rows_of(self, a: int, b: int) -> np.ndarray:
         """Cluster rows of the maps of examples a..b-1."""
-        return self.row[a * self.per_ex:b * self.per_ex]
+        return self.row[a * self.per_ex : b * self.per_ex]
 
     def blocks(self):
         for start in range(0, self.n_examples, self.chunk):
@@ -112,9 +112,18 @@ def _read_maps(g) -> _Maps:
     ids = sorted(int(c) for c in np.unique(labels))
     lut = np.zeros(max(ids) + 2, dtype=np.int64)  # cluster id (-1 = noise) -> row 0..k-1
     lut[np.asarray(ids) + 1] = np.arange(len(ids))
-    return _Maps(n_examples=e, n_layers=nl, n_heads=nh, chunk=cl.chunks[0],
-                 layers=[int(x) for x in g[S.LAYER][:]], heads=[int(x) for x in g[S.HEAD][:]],
-                 stat_names=[str(s) for s in g[S.STAT][:]], labels=labels, ids=ids, row=lut[labels + 1])
+    return _Maps(
+        n_examples=e,
+        n_layers=nl,
+        n_heads=nh,
+        chunk=cl.chunks[0],
+        layers=[int(x) for x in g[S.LAYER][:]],
+        heads=[int(x) for x in g[S.HEAD][:]],
+        stat_names=[str(s) for s in g[S.STAT][:]],
+        labels=labels,
+        ids=ids,
+        row=lut[labels + 1],
+    )
 
 
 @dataclass
@@ -144,16 +153,21 @@ def _accumulate(g, maps: _Maps) -> _Sums:
         lab = maps.rows_of(a, b)
         st = np.asarray(g[S.STATS][a:b], dtype=np.float64).reshape(-1, n_stats)
         np.add.at(stat_sum, lab, st)
-        stat_sq += (st ** 2).sum(0)
+        stat_sq += (st**2).sum(0)
         np.add.at(centre, lab, np.asarray(red[a:b], dtype=np.float64).reshape(-1, red.shape[-1]))
         counts += np.bincount(lab, minlength=k)
         if has_thumbs:
             np.add.at(thumb_sum, lab, decode_thumbnails(g[S.THUMBNAILS][a:b]).reshape(-1, t, t))
     n = counts.sum()
     overall = stat_sum.sum(0) / n
-    return _Sums(counts=counts, means=stat_sum / np.maximum(counts, 1)[:, None], overall=overall,
-                 std=np.sqrt(np.maximum(stat_sq / n - overall ** 2, 1e-24)),
-                 centre=centre / np.maximum(counts, 1)[:, None], thumb_sum=thumb_sum)
+    return _Sums(
+        counts=counts,
+        means=stat_sum / np.maximum(counts, 1)[:, None],
+        overall=overall,
+        std=np.sqrt(np.maximum(stat_sq / n - overall**2, 1e-24)),
+        centre=centre / np.maximum(counts, 1)[:, None],
+        thumb_sum=thumb_sum,
+    )
 
 
 def _nearest(g, maps: _Maps, centre: np.ndarray, n_near: int) -> dict[int, list[int]]:
@@ -197,7 +211,7 @@ def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
     det_n = np.zeros_like(det_sum)
     for a, b in maps.blocks():
         if prev_j is not None:
-            prev = np.asarray(g[S.STATS][a:b, :, :, prev_j:prev_j + 1], dtype=np.float64)
+            prev = np.asarray(g[S.STATS][a:b, :, :, prev_j : prev_j + 1], dtype=np.float64)
         else:  # a store without the stat: prev stays undefined (NaN) rather than shifting the detectors
             prev = np.full((b - a, maps.n_layers, maps.n_heads, 1), np.nan)
         parts = [prev, np.asarray(g[S.DETECTORS][a:b], dtype=np.float64)] if det_names else [prev]
@@ -206,8 +220,11 @@ def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
         det_n += (~np.isnan(v)).sum(0)
     with np.errstate(invalid="ignore"):
         head_det = det_sum / det_n  # NaN where no example defines the detector
-    found = HeadDetectors(names=names, scores={name: np.round(head_det[..., i], 4) for i, name in enumerate(names)},
-                          examples={name: det_n[..., i].max().astype(int).item() for i, name in enumerate(names)})
+    found = HeadDetectors(
+        names=names,
+        scores={name: np.round(head_det[..., i], 4) for i, name in enumerate(names)},
+        examples={name: det_n[..., i].max().astype(int).item() for i, name in enumerate(names)},
+    )
     return found, head_det.astype(np.float32)
 
 
@@ -235,11 +252,18 @@ def _examples(g, maps: _Maps) -> _Examples:
     label_codes, label_inv = np.unique(labels, return_inverse=True)
     pattern_classes = [str(c) for c in g.attrs.get(S.Attr.PATTERN_CLASSES, [])] if S.PATTERN in g else []
     return _Examples(
-        ids=S.read_strings(g[S.EXAMPLE_ID]), groups=groups, labels=labels, group_codes=group_codes, group_inv=group_inv,
+        ids=S.read_strings(g[S.EXAMPLE_ID]),
+        groups=groups,
+        labels=labels,
+        group_codes=group_codes,
+        group_inv=group_inv,
         group_overall=np.bincount(group_inv, minlength=len(group_codes)) / maps.n_examples,
-        label_codes=label_codes, label_inv=label_inv, of_map=np.repeat(np.arange(maps.n_examples), maps.per_ex),
+        label_codes=label_codes,
+        label_inv=label_inv,
+        of_map=np.repeat(np.arange(maps.n_examples), maps.per_ex),
         pattern_classes=pattern_classes,
-        patterns=np.asarray(g[S.PATTERN][:], dtype=np.int64).reshape(-1) if pattern_classes else None)
+        patterns=np.asarray(g[S.PATTERN][:], dtype=np.int64).reshape(-1) if pattern_classes else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,8 +290,12 @@ def _scatter(g, maps: _Maps, rng: np.random.Generator, size: int) -> ScatterSamp
     samp = rng.choice(n, min(n, size), replace=False)
     samp.sort()
     coords = np.asarray(g[S.COORDS][:], dtype=np.float32).reshape(-1, 2)
-    return ScatterSample(x=coords[samp, 0], y=coords[samp, 1], cluster=maps.labels[samp].astype(np.int32),
-                         layer=np.asarray(maps.layers, dtype=np.int16)[(samp % maps.per_ex) // maps.n_heads])
+    return ScatterSample(
+        x=coords[samp, 0],
+        y=coords[samp, 1],
+        cluster=maps.labels[samp].astype(np.int32),
+        layer=np.asarray(maps.layers, dtype=np.int16)[(samp % maps.per_ex) // maps.n_heads],
+    )
 
 
 def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArrays]:
@@ -290,8 +318,10 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
     for i in order:
         members = np.flatnonzero(maps.row == i)
         flat = exemplar_picks(members, near[i], cfg.exemplars, rng)
-        where = [(int(f // maps.per_ex), maps.layers[(f % maps.per_ex) // maps.n_heads], maps.heads[f % maps.n_heads])
-                 for f in flat]
+        where = [
+            (int(f // maps.per_ex), maps.layers[(f % maps.per_ex) // maps.n_heads], maps.heads[f % maps.n_heads])
+            for f in flat
+        ]
         refs = [ExemplarRef(example_index=e, example_id=str(ex.ids[e]), layer=la, head=he) for e, la, he in where]
         clusters.append(describe_cluster(i, members, maps, sums, (occ_counts[i], occupancy[i]), ex, words, cfg, refs))
         picks.append(flat)
@@ -299,16 +329,26 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
 
     counts = sums.counts[order]
     arrays = FigureArrays(
-        mean_thumbs=None if sums.thumb_sum is None
+        mean_thumbs=None
+        if sums.thumb_sum is None
         else (sums.thumb_sum[order] / np.maximum(counts, 1)[:, None, None]).astype(np.float32),
-        exemplar_thumbs=_exemplar_thumbs(g, maps, picks, cfg.exemplars), exemplar_info=info,
-        occupancy=occupancy[order].astype(np.float32), scatter=_scatter(g, maps, rng, cfg.scatter_sample),
-        head_detectors=head_det)
+        exemplar_thumbs=_exemplar_thumbs(g, maps, picks, cfg.exemplars),
+        exemplar_info=info,
+        occupancy=occupancy[order].astype(np.float32),
+        scatter=_scatter(g, maps, rng, cfg.scatter_sample),
+        head_detectors=head_det,
+    )
     findings = Findings(
-        layers=maps.layers, heads=maps.heads, stat_names=maps.stat_names, stat_labels=words,
-        global_means={s: float(sums.overall[j]) for j, s in enumerate(maps.stat_names)}, clusters=clusters,
+        layers=maps.layers,
+        heads=maps.heads,
+        stat_names=maps.stat_names,
+        stat_labels=words,
+        global_means={s: float(sums.overall[j]) for j, s in enumerate(maps.stat_names)},
+        clusters=clusters,
         heads_table=heads_table,
         metadata=metadata_findings(maps.labels, ex.groups, ex.labels, maps.per_ex, cfg.permutations, seed),
         warnings=[dominance_warning(c) for c in clusters if c.groups.dominated],
-        k_sweep=KSweep.from_dict((g.attrs.get(S.Attr.LEARN) or {}).get("k_sweep")), detectors=detectors)
+        k_sweep=KSweep.from_dict((g.attrs.get(S.Attr.LEARN) or {}).get("k_sweep")),
+        detectors=detectors,
+    )
     return findings, arrays

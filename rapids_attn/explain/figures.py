@@ -107,8 +107,12 @@ def _finite_max(a: np.ndarray) -> float:
 def _show_thumb(ax, thumb, title: str, fontsize: float = 8):
     t = np.asarray(thumb, dtype=np.float64)
     m = _finite_max(t)
-    ax.imshow(t / m if m > 0 else np.zeros_like(t), cmap=THUMB_CMAP, norm=PowerNorm(THUMB_GAMMA, vmin=0.0, vmax=1.0),
-              interpolation="nearest")
+    ax.imshow(
+        t / m if m > 0 else np.zeros_like(t),
+        cmap=THUMB_CMAP,
+        norm=PowerNorm(THUMB_GAMMA, vmin=0.0, vmax=1.0),
+        interpolation="nearest",
+    )
     ax.set_title(title, fontsize=fontsize)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -118,8 +122,14 @@ def _show_thumb(ax, thumb, title: str, fontsize: float = 8):
 # figures
 
 
-def scatter_png(out_dir, scatter: ScatterSample, color_by: str = "cluster", *, colors: dict | None = None,
-                coords_label: str | None = None) -> str:
+def scatter_png(
+    out_dir,
+    scatter: ScatterSample,
+    color_by: str = "cluster",
+    *,
+    colors: dict | None = None,
+    coords_label: str | None = None,
+) -> str:
     """All sampled maps in the 2-D coordinates, coloured by cluster (legend) or by layer (colour bar)."""
     if color_by not in ("cluster", "layer"):
         raise ValueError(f"color_by must be 'cluster' or 'layer', not {color_by!r}")
@@ -143,20 +153,39 @@ def scatter_png(out_dir, scatter: ScatterSample, color_by: str = "cluster", *, c
         if len(o_rest):
             ax.scatter(x[o_rest], y[o_rest], s=size, c=rgba[o_rest], linewidths=0, alpha=0.7, rasterized=True)
         present = [c for c in (list(cmap) if colors else ids) if c in set(values.tolist())]
-        handles = [Line2D([], [], marker="o", linestyle="", markersize=6, color=cmap.get(c, NOISE_COLOR),
-                          label="noise" if c == -1 else str(c)) for c in present]
+        handles = [
+            Line2D(
+                [],
+                [],
+                marker="o",
+                linestyle="",
+                markersize=6,
+                color=cmap.get(c, NOISE_COLOR),
+                label="noise" if c == -1 else str(c),
+            )
+            for c in present
+        ]
         if handles:
             ncol = 1 if len(handles) <= 12 else 2 if len(handles) <= 30 else 3
-            ax.legend(handles=handles, title="cluster", fontsize=7, title_fontsize=8, ncol=ncol,
-                      loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+            ax.legend(
+                handles=handles,
+                title="cluster",
+                fontsize=7,
+                title_fontsize=8,
+                ncol=ncol,
+                loc="upper left",
+                bbox_to_anchor=(1.01, 1.0),
+                frameon=False,
+            )
         ax.set_title(f"{n:,} sampled maps, coloured by cluster", fontsize=10)
     else:
         layers = sorted(set(values.tolist())) or [0]
         lo, hi = layers[0], layers[-1]
         cmap = matplotlib.colormaps["viridis"].resampled(hi - lo + 1)
         norm = BoundaryNorm(np.arange(lo - 0.5, hi + 1.5), cmap.N)
-        sc = ax.scatter(x[order], y[order], s=size, c=values[order], cmap=cmap, norm=norm, linewidths=0,
-                        alpha=0.7, rasterized=True)
+        sc = ax.scatter(
+            x[order], y[order], s=size, c=values[order], cmap=cmap, norm=norm, linewidths=0, alpha=0.7, rasterized=True
+        )
         cb = fig.colorbar(sc, ax=ax, fraction=0.05, pad=0.02)
         cb.set_label("layer")
         step = max(1, (hi - lo + 1) // 12)
@@ -169,8 +198,9 @@ def scatter_png(out_dir, scatter: ScatterSample, color_by: str = "cluster", *, c
     return _save(fig, out_dir, f"scatter_{color_by}.png")
 
 
-def dominant_grid_png(out_dir, heads_table: HeadTable, cluster_ids, *, layers=None, heads=None,
-                      colors: dict | None = None) -> str:
+def dominant_grid_png(
+    out_dir, heads_table: HeadTable, cluster_ids, *, layers=None, heads=None, colors: dict | None = None
+) -> str:
     """Layer x head grid: each cell coloured by the head's dominant cluster, the id written in it;
     a second panel shows how consistently the head falls in one cluster (1 = a fixed pattern)."""
     dom = np.asarray(heads_table.dominant_cluster, dtype=np.int64)
@@ -191,8 +221,15 @@ def dominant_grid_png(out_dir, heads_table: HeadTable, cluster_ids, *, layers=No
     if annotate:
         for i in range(n_layers):
             for j in range(n_heads):
-                ax1.text(j, i, "N" if dom[i, j] == -1 else str(dom[i, j]), ha="center", va="center",
-                         fontsize=fs, color=_text_color(rgba[i, j]))
+                ax1.text(
+                    j,
+                    i,
+                    "N" if dom[i, j] == -1 else str(dom[i, j]),
+                    ha="center",
+                    va="center",
+                    fontsize=fs,
+                    color=_text_color(rgba[i, j]),
+                )
     ax2 = fig.add_subplot(1, 2, 2)
     im = ax2.imshow(cons, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
     _grid_axes(ax2, layers, heads)
@@ -202,9 +239,15 @@ def dominant_grid_png(out_dir, heads_table: HeadTable, cluster_ids, *, layers=No
         for i in range(n_layers):
             for j in range(n_heads):
                 if np.isfinite(cons[i, j]):
-                    ax2.text(j, i, f"{cons[i, j]:.2f}"[1:] if 0 <= cons[i, j] < 1 else f"{cons[i, j]:.0f}",
-                             ha="center", va="center", fontsize=fs - 1,
-                             color="white" if cons[i, j] > 0.55 else "black")
+                    ax2.text(
+                        j,
+                        i,
+                        f"{cons[i, j]:.2f}"[1:] if 0 <= cons[i, j] < 1 else f"{cons[i, j]:.0f}",
+                        ha="center",
+                        va="center",
+                        fontsize=fs - 1,
+                        color="white" if cons[i, j] > 0.55 else "black",
+                    )
     cb = fig.colorbar(im, ax=ax2, fraction=0.04, pad=0.02)
     cb.set_label("consistency")
     return _save(fig, out_dir, "dominant_grid.png")
@@ -229,15 +272,23 @@ def occupancy_png(out_dir, k_index: int, occupancy, layers, heads, *, cluster_id
             for j in range(n_heads):
                 v = occ[i, j]
                 if np.isfinite(v) and v >= 0.005:
-                    ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", fontsize=fs,
-                            color="white" if v > 0.5 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{100 * v:.0f}",
+                        ha="center",
+                        va="center",
+                        fontsize=fs,
+                        color="white" if v > 0.5 else "black",
+                    )
     cb = fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
     cb.set_label("share of the head's maps")
     return _save(fig, out_dir, f"occupancy_{k_index:02d}.png")
 
 
-def montage_png(out_dir, k_index: int, mean_thumb, exemplar_thumbs, exemplar_info, *,
-                cluster_id: int | None = None) -> str:
+def montage_png(
+    out_dir, k_index: int, mean_thumb, exemplar_thumbs, exemplar_info, *, cluster_id: int | None = None
+) -> str:
     """The cluster's mean map (large) beside its exemplar thumbnails, each captioned
     "L4 H7 ex12" and each scaled to its own maximum so faint maps stay visible."""
     ex = np.asarray(exemplar_thumbs, dtype=np.float64) if exemplar_thumbs is not None else np.zeros((0, 1, 1))
@@ -265,9 +316,16 @@ def montage_png(out_dir, k_index: int, mean_thumb, exemplar_thumbs, exemplar_inf
             e, layer, head = (int(v) for v in tuple(info[i])[:3])
             cap = f"L{layer} H{head} ex{e}"
         _show_thumb(a, ex[i], cap, fontsize=7)
-    fig.text(0.5, 0.0, "each map scaled to its own maximum, square-root colour scale (bright = most attention); "
-             "rows = queries, columns = keys",
-             ha="center", va="top", fontsize=7, color="#444444")
+    fig.text(
+        0.5,
+        0.0,
+        "each map scaled to its own maximum, square-root colour scale (bright = most attention); "
+        "rows = queries, columns = keys",
+        ha="center",
+        va="top",
+        fontsize=7,
+        color="#444444",
+    )
     return _save(fig, out_dir, f"montage_{k_index:02d}.png")
 
 
@@ -288,8 +346,9 @@ def k_sweep_png(out_dir, k_sweep: KSweep) -> str:
         ax.axvline(float(chosen), color="#d62728", linestyle="--", linewidth=1, label=f"chosen k = {chosen}")
         hit = np.nonzero(k == float(chosen))[0]
         if len(hit) and np.isfinite(v[hit[0]]):
-            ax.plot([k[hit[0]]], [v[hit[0]]], marker="o", markersize=8, markerfacecolor="none",
-                    markeredgecolor="#d62728")
+            ax.plot(
+                [k[hit[0]]], [v[hit[0]]], marker="o", markersize=8, markerfacecolor="none", markeredgecolor="#d62728"
+            )
         ax.legend(fontsize=7, frameon=False)
         ax.set_ylabel(key)
         ax.set_title(label, fontsize=9)
@@ -322,7 +381,14 @@ def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str
             for r in range(n_layers):
                 for c in range(n_heads):
                     if np.isfinite(v[r, c]) and v[r, c] >= 0.3:
-                        ax.text(c, r, f"{v[r, c]:.2f}"[1:] if v[r, c] < 1 else "1", ha="center", va="center",
-                                fontsize=6, color="black" if v[r, c] > 0.6 else "white")
+                        ax.text(
+                            c,
+                            r,
+                            f"{v[r, c]:.2f}"[1:] if v[r, c] < 1 else "1",
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="black" if v[r, c] > 0.6 else "white",
+                        )
         fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
     return _save(fig, out_dir, "detectors.png")

@@ -98,8 +98,10 @@ class HeadTable:
     consistency: np.ndarray  # float
 
     def to_dict(self) -> dict:
-        return {"dominant_cluster": np.asarray(self.dominant_cluster).tolist(),
-                "consistency": np.asarray(self.consistency).tolist()}
+        return {
+            "dominant_cluster": np.asarray(self.dominant_cluster).tolist(),
+            "consistency": np.asarray(self.consistency).tolist(),
+        }
 
 
 @dataclass
@@ -129,9 +131,11 @@ class MetadataFindings:
     probe_examples_excluded: int  # repeated-token probes left out of both tests
 
     def to_dict(self) -> dict:
-        return {"label": None if self.label is None else asdict(self.label),
-                "group": None if self.group is None else asdict(self.group),
-                "probe_examples_excluded": self.probe_examples_excluded}
+        return {
+            "label": None if self.label is None else asdict(self.label),
+            "group": None if self.group is None else asdict(self.group),
+            "probe_examples_excluded": self.probe_examples_excluded,
+        }
 
 
 @dataclass
@@ -150,8 +154,14 @@ class KSweep:
         """From the ``k_sweep`` entry of the store's learn attribute (None: no sweep was run)."""
         if d is None:
             return None
-        return cls(k=list(d["k"]), inertia=list(d["inertia"]), silhouette=list(d["silhouette"]),
-                   best_silhouette_k=d["best_silhouette_k"], n=d["n"], chosen=d["chosen"])
+        return cls(
+            k=list(d["k"]),
+            inertia=list(d["inertia"]),
+            silhouette=list(d["silhouette"]),
+            best_silhouette_k=d["best_silhouette_k"],
+            n=d["n"],
+            chosen=d["chosen"],
+        )
 
 
 @dataclass
@@ -164,9 +174,11 @@ class HeadDetectors:
     examples: dict[str, int]
 
     def to_dict(self) -> dict:
-        return {"names": list(self.names),
-                "scores": {name: np.asarray(v).tolist() for name, v in self.scores.items()},
-                "examples": dict(self.examples)}
+        return {
+            "names": list(self.names),
+            "scores": {name: np.asarray(v).tolist() for name, v in self.scores.items()},
+            "examples": dict(self.examples),
+        }
 
 
 @dataclass
@@ -188,8 +200,11 @@ class Findings:
     def to_dict(self) -> dict:
         """The JSON-ready form (NaN stays a float NaN) that ``summary.json`` carries."""
         return {
-            "layers": list(self.layers), "heads": list(self.heads), "stat_names": list(self.stat_names),
-            "stat_labels": dict(self.stat_labels), "global_means": dict(self.global_means),
+            "layers": list(self.layers),
+            "heads": list(self.heads),
+            "stat_names": list(self.stat_names),
+            "stat_labels": dict(self.stat_labels),
+            "global_means": dict(self.global_means),
             "clusters": [asdict(c) for c in self.clusters],
             "heads_table": self.heads_table.to_dict(),
             "metadata": self.metadata.to_dict(),

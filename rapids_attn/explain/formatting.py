@@ -41,7 +41,7 @@ def _num(x, digits: int = 3) -> str:
             return "0"
         if x.is_integer() and abs(x) < 1e15:
             return f"{int(x):,}"
-        if abs(x) >= 10 ** digits:
+        if abs(x) >= 10**digits:
             return f"{x:,.0f}"
         if abs(x) >= 1e-3:
             return f"{x:.{digits}g}"

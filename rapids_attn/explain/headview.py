@@ -19,7 +19,6 @@ so they work with no network. Two more changes keep the pages safe and small:
 from __future__ import annotations
 
 import dataclasses
-
 import html
 import logging
 import os
@@ -36,11 +35,15 @@ HEADVIEW_DIR = "headviews"
 
 # BertViz's CDN URLs -> the vendored copies (relative to the page; require.config paths carry no ".js")
 _CDN_REWRITES = (
-    (re.compile(r"https?://cdnjs\.cloudflare\.com/ajax/libs/require\.js/[^\"'\s]*?/require(?:\.min)?\.js"),
-     "vendor/require.js"),
+    (
+        re.compile(r"https?://cdnjs\.cloudflare\.com/ajax/libs/require\.js/[^\"'\s]*?/require(?:\.min)?\.js"),
+        "vendor/require.js",
+    ),
     (re.compile(r"https?://cdnjs\.cloudflare\.com/ajax/libs/d3/[^\"'\s]*?/d3(?:\.min)?(?=['\"])"), "vendor/d3.min"),
-    (re.compile(r"https?://cdnjs\.cloudflare\.com/ajax/libs/jquery/[^\"'\s]*?/jquery(?:\.min)?(?=['\"])"),
-     "vendor/jquery.min"),
+    (
+        re.compile(r"https?://cdnjs\.cloudflare\.com/ajax/libs/jquery/[^\"'\s]*?/jquery(?:\.min)?(?=['\"])"),
+        "vendor/jquery.min",
+    ),
 )
 # the only other URL in BertViz's output is a credit in a JS comment; keep the credit, drop the scheme
 _COMMENT_URL = re.compile(r"(Based on:\s*)https?://(\S+)")
@@ -101,18 +104,20 @@ def offline_html(bertviz_html: str) -> str:
     for pattern, repl in _CDN_REWRITES:
         out, n = pattern.subn(repl, out)
         if n == 0:
-            raise RuntimeError(f"bertviz's HTML no longer references {repl.split('/')[-1]} from cdnjs as expected; "
-                               "update rapids_attn/explain/headview.py for this bertviz version")
+            raise RuntimeError(
+                f"bertviz's HTML no longer references {repl.split('/')[-1]} from cdnjs as expected; "
+                "update rapids_attn/explain/headview.py for this bertviz version"
+            )
     out = _COMMENT_URL.sub(r"\1\2", out)
     if "cdnjs" in out or re.search(r"""src\s*=\s*["']?https?:""", out):
         raise RuntimeError("bertviz's HTML still loads a script from the network after rewriting")
     start = out.find(_SCRIPT_OPEN)
     end = out.rfind("</script>")
     if start >= 0 and end > start:
-        body = out[start + len(_SCRIPT_OPEN):end]
+        body = out[start + len(_SCRIPT_OPEN) : end]
         # inside <script>, "</" could end the element (a token such as "</script>"); "<\/" is the same in JS
         body = body.replace("</", "<\\/").replace("<!--", "<\\!--")
-        out = out[:start + len(_SCRIPT_OPEN)] + body + out[end:]
+        out = out[: start + len(_SCRIPT_OPEN)] + body + out[end:]
     return out
 
 
@@ -137,8 +142,9 @@ def _example(examples, index: int):
         raise ValueError(f"head view: example_index {index} is not among the {len(examples)} examples given") from None
 
 
-def write_head_views(report_dir, model_cfg, examples, items, *, all_layers: bool = False,
-                     decimals: int = 3) -> dict[int, list[str]]:
+def write_head_views(
+    report_dir, model_cfg, examples, items, *, all_layers: bool = False, decimals: int = 3
+) -> dict[int, list[str]]:
     """Write one head-view page per exemplar; return ``{cluster id: [page path relative to report_dir]}``.
 
     model_cfg: the job's ``ModelConfig`` (or its dict). examples: the run's examples, indexable by
@@ -195,21 +201,26 @@ def write_head_views(report_dir, model_cfg, examples, items, *, all_layers: bool
             ex = _example(examples, index)
             ex_id = it.get("example_id", getattr(ex, "id", index))
             if "example_id" in it and getattr(ex, "id", None) is not None and str(ex.id) != str(it["example_id"]):
-                raise ValueError(f"head view: example_index {index} is '{ex.id}' in the examples given, but cluster "
-                                 f"{cid} names '{it['example_id']}'; pass the run's examples in store order")
+                raise ValueError(
+                    f"head view: example_index {index} is '{ex.id}' in the examples given, but cluster "
+                    f"{cid} names '{it['example_id']}'; pass the run's examples in store order"
+                )
             tokens, att = run(index)
             if not 0 <= layer < len(att) or not 0 <= head < att[layer].shape[1]:
-                raise ValueError(f"head view: layer {layer} head {head} is outside the model "
-                                 f"({len(att)} layers x {att[0].shape[1]} heads)")
+                raise ValueError(
+                    f"head view: layer {layer} head {head} is outside the model "
+                    f"({len(att)} layers x {att[0].shape[1]} heads)"
+                )
             include = list(range(len(att))) if all_layers else [layer]
             rounded = [torch.round(a.double(), decimals=decimals) for a in att]
-            view = head_view(rounded, tokens, layer=layer, heads=[head], include_layers=include,
-                             html_action="return")
+            view = head_view(rounded, tokens, layer=layer, heads=[head], include_layers=include, html_action="return")
             title = f"{'noise' if cid == -1 else f'cluster {cid}'} · example {ex_id} · layer {layer} head {head}"
-            intro = (f"BertViz head view of example {html.escape(str(ex_id))} ({len(tokens)} tokens), an exemplar of "
-                     f"{'the noise' if cid == -1 else f'cluster {cid}'}. Lines join each token on the left (query) "
-                     f"to the tokens it attends to on the right (keys); darker is more attention. Head {head} of "
-                     f"layer {layer} is selected: click a colour to show other heads, hover a token to isolate it.")
+            intro = (
+                f"BertViz head view of example {html.escape(str(ex_id))} ({len(tokens)} tokens), an exemplar of "
+                f"{'the noise' if cid == -1 else f'cluster {cid}'}. Lines join each token on the left (query) "
+                f"to the tokens it attends to on the right (keys); darker is more attention. Head {head} of "
+                f"layer {layer} is selected: click a colour to show other heads, hover a token to isolate it."
+            )
             page = _page(title, intro, offline_html(view.data), f"../index.html#{_anchor(cid)}")
             name = page_name(cid, i)
             tmp = out_dir / (name + ".tmp")

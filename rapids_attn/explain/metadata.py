@@ -32,8 +32,9 @@ def _mutual_info(a: np.ndarray, b: np.ndarray) -> float:
     return float((p[nz] * np.log(p[nz] / (pa @ pb)[nz])).sum())
 
 
-def metadata_association(labels: np.ndarray, values: np.ndarray, maps_per_example: int, permutations: int,
-                         seed: int) -> dict | None:
+def metadata_association(
+    labels: np.ndarray, values: np.ndarray, maps_per_example: int, permutations: int, seed: int
+) -> dict | None:
     """How much cluster membership says about an example-level variable (group or label).
 
     labels: cluster per map, example-major ([examples * maps_per_example]); values: one string per
@@ -65,14 +66,26 @@ def metadata_association(labels: np.ndarray, values: np.ndarray, maps_per_exampl
             hits += _mutual_info(lab, shuffled) >= observed - 1e-12
         p_perm = float((hits + 1) / (permutations + 1))
     return {
-        "mutual_info": observed, "nmi": nmi, "p_permutation": p_perm, "permutations": permutations,
-        "chi2": float(chi2), "chi2_p_maps": float(p_maps), "dof": int(dof), "n_maps": int(keep.sum()),
+        "mutual_info": observed,
+        "nmi": nmi,
+        "p_permutation": p_perm,
+        "permutations": permutations,
+        "chi2": float(chi2),
+        "chi2_p_maps": float(p_maps),
+        "dof": int(dof),
+        "n_maps": int(keep.sum()),
         "n_values": len(codes),
     }
 
 
-def metadata_findings(map_clusters: np.ndarray, groups: np.ndarray, labels: np.ndarray, maps_per_example: int,
-                      permutations: int, seed: int) -> MetadataFindings:
+def metadata_findings(
+    map_clusters: np.ndarray,
+    groups: np.ndarray,
+    labels: np.ndarray,
+    maps_per_example: int,
+    permutations: int,
+    seed: int,
+) -> MetadataFindings:
     """Cluster against example label and group, over the dataset's examples only.
 
     map_clusters: cluster per map, example-major; groups, labels: one string per example.
@@ -91,6 +104,8 @@ def metadata_findings(map_clusters: np.ndarray, groups: np.ndarray, labels: np.n
 
 def dominance_warning(c: ClusterFinding) -> str:
     """The warning for a cluster whose maps come mostly from one example group."""
-    return (f"cluster {c.id}: {c.groups.share:.0%} of its maps come from group '{c.groups.top}' "
-            f"({c.groups.overall_share:.0%} overall): a trivial cluster from shared contexts? "
-            "Consider reduce.sample_by: group")
+    return (
+        f"cluster {c.id}: {c.groups.share:.0%} of its maps come from group '{c.groups.top}' "
+        f"({c.groups.overall_share:.0%} overall): a trivial cluster from shared contexts? "
+        "Consider reduce.sample_by: group"
+    )

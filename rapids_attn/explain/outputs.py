@@ -72,7 +72,9 @@ def write_maps_table(g, path: Path) -> int:
             if S.PATTERN in g:
                 classes = np.asarray(list(g.attrs.get(Attr.PATTERN_CLASSES, [])) + ["?"], dtype=object)
                 pat = np.asarray(g[S.PATTERN][start:stop]).reshape(-1).astype(np.int64)
-                cols["pattern"] = pa.array(classes[np.where((pat >= 0) & (pat < len(classes) - 1), pat, -1)], pa.string())
+                cols["pattern"] = pa.array(
+                    classes[np.where((pat >= 0) & (pat < len(classes) - 1), pat, -1)], pa.string()
+                )
                 cols["pattern_prob"] = np.asarray(g[S.PATTERN_PROB][start:stop], dtype=np.float32).reshape(-1)
             if S.DETECTORS in g:
                 det = np.asarray(g[S.DETECTORS][start:stop]).reshape(m * nl * nh, -1)

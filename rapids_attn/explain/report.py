@@ -82,22 +82,38 @@ def _make_figures(out_dir: Path, overview: RunOverview, findings: Findings, arra
     clusters = findings.clusters
     colors = figures.cluster_colors([c.id for c in clusters])
     figs = _Figures(
-        grid=figures.dominant_grid_png(out_dir, findings.heads_table, [c.id for c in clusters], layers=findings.layers,
-                                       heads=findings.heads, colors=colors),
-        detectors=figures.detectors_png(out_dir, findings.detectors.scores, findings.detectors.names, findings.layers,
-                                        findings.heads))
+        grid=figures.dominant_grid_png(
+            out_dir,
+            findings.heads_table,
+            [c.id for c in clusters],
+            layers=findings.layers,
+            heads=findings.heads,
+            colors=colors,
+        ),
+        detectors=figures.detectors_png(
+            out_dir, findings.detectors.scores, findings.detectors.names, findings.layers, findings.heads
+        ),
+    )
     if arrays is not None:
         if len(arrays.scatter.x) > 0:
             label = _coords_label(overview)
-            figs.scatter["cluster"] = figures.scatter_png(out_dir, arrays.scatter, "cluster", colors=colors,
-                                                          coords_label=label)
+            figs.scatter["cluster"] = figures.scatter_png(
+                out_dir, arrays.scatter, "cluster", colors=colors, coords_label=label
+            )
             figs.scatter["layer"] = figures.scatter_png(out_dir, arrays.scatter, "layer", coords_label=label)
         for k, c in enumerate(clusters):
-            figs.occupancy[k] = figures.occupancy_png(out_dir, k, arrays.occupancy[k], findings.layers, findings.heads,
-                                                      cluster_id=c.id)
+            figs.occupancy[k] = figures.occupancy_png(
+                out_dir, k, arrays.occupancy[k], findings.layers, findings.heads, cluster_id=c.id
+            )
             if arrays.mean_thumbs is not None:
-                figs.montage[k] = figures.montage_png(out_dir, k, arrays.mean_thumbs[k], arrays.exemplar_thumbs[k],
-                                                      arrays.exemplar_info[k], cluster_id=c.id)
+                figs.montage[k] = figures.montage_png(
+                    out_dir,
+                    k,
+                    arrays.mean_thumbs[k],
+                    arrays.exemplar_thumbs[k],
+                    arrays.exemplar_info[k],
+                    cluster_id=c.id,
+                )
     if findings.k_sweep is not None and findings.k_sweep.k:
         figs.k_sweep = figures.k_sweep_png(out_dir, findings.k_sweep)
     return figs
@@ -141,17 +157,21 @@ footer{color:#777;font-size:.85em;margin-top:3em}
 """
 
 
-def render_html(overview: RunOverview, findings: Findings, figs: _Figures, headviews: dict | None,
-                report_dir: Path, no_thumbs: bool) -> str:
+def render_html(
+    overview: RunOverview, findings: Findings, figs: _Figures, headviews: dict | None, report_dir: Path, no_thumbs: bool
+) -> str:
     """The page. no_thumbs: the store kept no thumbnails, which the cluster sections say."""
     clusters = findings.clusters
     colors = figures.cluster_colors([c.id for c in clusters])
     data_path = overview.data["path"]
     title = f"Attention-map clusters: {overview.model['name']}" + (
-        f" on {Path(str(data_path)).name}" if data_path else "")
+        f" on {Path(str(data_path)).name}" if data_path else ""
+    )
     cl = overview.clustering
-    sub = (f"{_num(overview.counts['examples'])} examples, {_num(overview.counts['maps'])} maps, "
-           f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {_num(cl.silhouette)})")
+    sub = (
+        f"{_num(overview.counts['examples'])} examples, {_num(overview.counts['maps'])} maps, "
+        f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {_num(cl.silhouette)})"
+    )
     nav = [("overview", "Overview")]
     if findings.warnings:
         nav.insert(0, ("warnings", f"Warnings ({len(findings.warnings)})"))
@@ -161,8 +181,9 @@ def render_html(overview: RunOverview, findings: Findings, figs: _Figures, headv
     if figs.k_sweep:
         nav.append(("k-sweep", "Choosing k"))
     nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
-    sections = "".join(_cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs)
-                       for k, c in enumerate(clusters))
+    sections = "".join(
+        _cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
+    )
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -196,8 +217,13 @@ most of the cluster.</p>
 # entry point
 
 
-def write_report(run_dir, overview: RunOverview, findings: Findings, arrays: FigureArrays | None,
-                 headviews: dict[int, list[str]] | None = None) -> Path:
+def write_report(
+    run_dir,
+    overview: RunOverview,
+    findings: Findings,
+    arrays: FigureArrays | None,
+    headviews: dict[int, list[str]] | None = None,
+) -> Path:
     """Write ``run_dir/report/index.html`` and its figures; return the path of ``index.html``.
 
     ``arrays`` None leaves out the figures drawn from them (2-D map, occupancy, montages).

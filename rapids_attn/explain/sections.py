@@ -124,51 +124,70 @@ copy) divided by the mass of the rows where the pattern has a position, then ave
 examples where it is defined. 1 is a pure pattern; a uniform map scores about 1/n. Induction needs
 repeated tokens: set <code>data.probe.count</code> to append repeated random-token probes.</p>
 <table><thead><tr><th>detector</th><th>strongest head</th><th class=n>examples</th></tr></thead>
-<tbody>{''.join(rows)}</tbody></table>
+<tbody>{"".join(rows)}</tbody></table>
 {_img(figs.detectors, "head detector scores per layer and head")}</section>"""
 
 
 def _cluster_index(clusters: list[ClusterFinding], colors: dict) -> str:
-    rows = [f'<tr><td>{_swatch(c.id, colors)}<a href="#{_anchor(c.id)}">{_e(_cluster_name(c.id))}</a></td>'
-            f"<td class=n>{_e(_num(c.size))}</td><td class=n>{_e(_pct(c.share))}</td>"
-            f"<td>{_e(c.summary)}</td><td>{_e(c.dominant_description)}</td></tr>" for c in clusters]
+    rows = [
+        f'<tr><td>{_swatch(c.id, colors)}<a href="#{_anchor(c.id)}">{_e(_cluster_name(c.id))}</a></td>'
+        f"<td class=n>{_e(_num(c.size))}</td><td class=n>{_e(_pct(c.share))}</td>"
+        f"<td>{_e(c.summary)}</td><td>{_e(c.dominant_description)}</td></tr>"
+        for c in clusters
+    ]
     return f"""<table><thead><tr><th>cluster</th><th class=n>maps</th><th class=n>share</th><th>what sets it apart</th>
 <th>where</th></tr></thead><tbody>{"".join(rows)}</tbody></table>"""
 
 
 def _signature_table(c: ClusterFinding, findings: Findings) -> str:
-    rows = "".join(f"<tr><td>{_e(s.label)} <span class=note>({_e(s.stat)})</span></td>"
-                   f"<td class=n>{_e(_num(s.mean))}</td><td class=n>{_e(_num(s.overall))}</td>"
-                   f"<td class=n>{_e(_num(s.z, 2))}</td></tr>" for s in c.signature)
+    rows = "".join(
+        f"<tr><td>{_e(s.label)} <span class=note>({_e(s.stat)})</span></td>"
+        f"<td class=n>{_e(_num(s.mean))}</td><td class=n>{_e(_num(s.overall))}</td>"
+        f"<td class=n>{_e(_num(s.z, 2))}</td></tr>"
+        for s in c.signature
+    )
     all_rows = "".join(
         f"<tr><td>{_e(findings.stat_labels[n])} <span class=note>({_e(n)})</span></td>"
         f"<td class=n>{_e(_num(c.means[n]))}</td><td class=n>{_e(_num(findings.global_means[n]))}</td></tr>"
-        for n in findings.stat_names)
-    return ("<table><thead><tr><th>statistic</th><th class=n>cluster mean</th><th class=n>overall</th>"
-            f"<th class=n>z</th></tr></thead><tbody>{rows}</tbody></table>"
-            "<details><summary>every statistic</summary><table><thead><tr><th>statistic</th>"
-            "<th class=n>cluster mean</th><th class=n>overall</th></tr></thead>"
-            f"<tbody>{all_rows}</tbody></table></details>")
+        for n in findings.stat_names
+    )
+    return (
+        "<table><thead><tr><th>statistic</th><th class=n>cluster mean</th><th class=n>overall</th>"
+        f"<th class=n>z</th></tr></thead><tbody>{rows}</tbody></table>"
+        "<details><summary>every statistic</summary><table><thead><tr><th>statistic</th>"
+        "<th class=n>cluster mean</th><th class=n>overall</th></tr></thead>"
+        f"<tbody>{all_rows}</tbody></table></details>"
+    )
 
 
 def _heads_table(c: ClusterFinding) -> str:
-    rows = "".join(f"<tr><td>L{_e(h.layer)} H{_e(h.head)}</td><td class=n>{_e(_pct(h.share_of_head))}</td>"
-                   f"<td class=n>{_e(_pct(h.share_of_cluster))}</td></tr>" for h in c.top_heads)
-    out = ("<table><thead><tr><th>head</th><th class=n>of the head's maps</th>"
-           f"<th class=n>of this cluster</th></tr></thead><tbody>{rows}</tbody></table>")
+    rows = "".join(
+        f"<tr><td>L{_e(h.layer)} H{_e(h.head)}</td><td class=n>{_e(_pct(h.share_of_head))}</td>"
+        f"<td class=n>{_e(_pct(h.share_of_cluster))}</td></tr>"
+        for h in c.top_heads
+    )
+    out = (
+        "<table><thead><tr><th>head</th><th class=n>of the head's maps</th>"
+        f"<th class=n>of this cluster</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
     tl = [x for x in c.top_layers if x.share_of_cluster >= 0.005]
     if tl:
-        out += ("<p>Layers: " + ", ".join(f"{_e(x.layer)} ({_e(_pct(x.share_of_cluster))})" for x in tl)
-                + " <span class=note>(share of this cluster's maps)</span></p>")
+        out += (
+            "<p>Layers: "
+            + ", ".join(f"{_e(x.layer)} ({_e(_pct(x.share_of_cluster))})" for x in tl)
+            + " <span class=note>(share of this cluster's maps)</span></p>"
+        )
     return out
 
 
 def _meta_lines(c: ClusterFinding) -> str:
     g = c.groups
     flag = ' <span class="flag">dominated by one group</span>' if g.dominated else ""
-    return (f"<p>Most common group: <b>{_e(g.top)}</b>, {_e(_pct(g.share))} of this cluster's "
-            f"maps vs {_e(_pct(g.overall_share))} of all maps.{flag}</p>"
-            "<p>Labels: " + ", ".join(f"{_e(k)} {_e(_pct(v))}" for k, v in c.labels.items()) + "</p>")
+    return (
+        f"<p>Most common group: <b>{_e(g.top)}</b>, {_e(_pct(g.share))} of this cluster's "
+        f"maps vs {_e(_pct(g.overall_share))} of all maps.{flag}</p>"
+        "<p>Labels: " + ", ".join(f"{_e(k)} {_e(_pct(v))}" for k, v in c.labels.items()) + "</p>"
+    )
 
 
 def _safe_rel(path, report_dir: Path) -> str | None:
@@ -203,12 +222,22 @@ def _headview_links(c: ClusterFinding, paths: list[str] | None, report_dir: Path
         links.append(f'<li><a href="{_e(quote(rel))}">{_e(label)}</a></li>')
     if not links:
         return ""
-    return ("<p><b>Head views</b> <span class=note>(BertViz, interactive; opens offline)</span></p>"
-            f"<ul>{''.join(links)}</ul>")
+    return (
+        "<p><b>Head views</b> <span class=note>(BertViz, interactive; opens offline)</span></p>"
+        f"<ul>{''.join(links)}</ul>"
+    )
 
 
-def _cluster_section(k: int, c: ClusterFinding, findings: Findings, figs: _Figures, colors: dict,
-                     headviews: dict | None, report_dir: Path, no_thumbs: bool) -> str:
+def _cluster_section(
+    k: int,
+    c: ClusterFinding,
+    findings: Findings,
+    figs: _Figures,
+    colors: dict,
+    headviews: dict | None,
+    report_dir: Path,
+    no_thumbs: bool,
+) -> str:
     name = _cluster_name(c.id)
     fig_html = _img(figs.occupancy.get(k), f"{name}: share of each head's maps")
     if k in figs.montage:
@@ -245,11 +274,16 @@ def _meta_p(m: MetadataTest) -> tuple[float | None, str]:
 def _metadata_block(key: str, m: MetadataTest) -> str:
     p, how = _meta_p(m)
     perms = m.permutations
-    cols = [("chi-square", _num(m.chi2)), ("dof", _num(m.dof)),
-            ("chi-square p (maps as independent)", _pval(m.chi2_p_maps)),
-            (f"permutation p ({_num(perms)} shuffles)" if perms else "permutation p", _pval(m.p_permutation)),
-            ("mutual information", _num(m.mutual_info)), ("normalised MI", _num(m.nmi)), ("maps", _num(m.n_maps)),
-            (f"{key} values", _num(m.n_values))]
+    cols = [
+        ("chi-square", _num(m.chi2)),
+        ("dof", _num(m.dof)),
+        ("chi-square p (maps as independent)", _pval(m.chi2_p_maps)),
+        (f"permutation p ({_num(perms)} shuffles)" if perms else "permutation p", _pval(m.p_permutation)),
+        ("mutual information", _num(m.mutual_info)),
+        ("normalised MI", _num(m.nmi)),
+        ("maps", _num(m.n_maps)),
+        (f"{key} values", _num(m.n_values)),
+    ]
     head = "".join(f"<th class=n>{_e(c)}</th>" for c, _ in cols)
     cells = "".join(f"<td class=n>{_e(v)}</td>" for _, v in cols)
 
@@ -261,15 +295,21 @@ def _metadata_block(key: str, m: MetadataTest) -> str:
     else:
         verdict = f"{rel} is <b>not stronger than chance</b> at p &lt; {ALPHA} (p = {_e(_pval(p))})."
     if how == "permutation":
-        method = (f"Permutation test: the example {_e(key)}s were shuffled across examples {_e(_num(perms))} times, "
-                  "each example's maps moving together, and the mutual information recomputed")
+        method = (
+            f"Permutation test: the example {_e(key)}s were shuffled across examples {_e(_num(perms))} times, "
+            "each example's maps moving together, and the mutual information recomputed"
+        )
         if perms and 1 / (int(perms) + 1) >= ALPHA:
             floor = _pval(1 / (int(perms) + 1))
-            verdict += (f" With {_e(_num(perms))} shuffles the smallest reachable p is {_e(floor)}, "
-                        f"so p &lt; {ALPHA} cannot be shown; raise explain.permutations.")
+            verdict += (
+                f" With {_e(_num(perms))} shuffles the smallest reachable p is {_e(floor)}, "
+                f"so p &lt; {ALPHA} cannot be shown; raise explain.permutations."
+            )
     elif how == "chi-square on maps":
-        method = ("Chi-square test of independence over maps (every map of an example counted as independent, "
-                  "which makes small p-values too easy to reach)")
+        method = (
+            "Chi-square test of independence over maps (every map of an example counted as independent, "
+            "which makes small p-values too easy to reach)"
+        )
     else:
         method = "Test of independence"
     return f"""<h3>Cluster vs example {_e(key)}</h3>
@@ -282,8 +322,10 @@ def _metadata_section(meta: MetadataFindings) -> str:
     blocks = []
     for key, m in (("label", meta.label), ("group", meta.group)):
         if m is None:
-            blocks.append(f"<h3>Cluster vs example {key}</h3><p class=note>Not tested: the data has no {key}s, "
-                          "or only one value.</p>")
+            blocks.append(
+                f"<h3>Cluster vs example {key}</h3><p class=note>Not tested: the data has no {key}s, "
+                "or only one value.</p>"
+            )
         else:
             blocks.append(_metadata_block(key, m))
     probes = meta.probe_examples_excluded
@@ -299,9 +341,10 @@ def _k_sweep_section(findings: Findings, figs: _Figures) -> str:
     if figs.k_sweep is None:
         return ""
     rows = "".join(
-        f'<tr{" class=chosen" if k == ks.chosen else ""}><td class=n>{_e(k)}</td>'
+        f"<tr{' class=chosen' if k == ks.chosen else ''}><td class=n>{_e(k)}</td>"
         f"<td class=n>{_e(_num(inertia))}</td><td class=n>{_e(_num(sil))}</td></tr>"
-        for k, inertia, sil in zip(ks.k, ks.inertia, ks.silhouette))
+        for k, inertia, sil in zip(ks.k, ks.inertia, ks.silhouette)
+    )
     return f"""
 <section id="k-sweep"><h2>Choosing k</h2>
 <p>Chosen k: <b>{_e(ks.chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.</p>

@@ -26,8 +26,18 @@ class ExplainResult(StageResult):
 
 class ExplainStage(Stage):
     name = "explain"
-    requires = (S.CLUSTER, S.COORDS, S.REDUCED, S.STATS, S.DETECTORS, S.SEQ_LEN, S.TRUNCATED, S.EXAMPLE_ID,
-                S.EXAMPLE_GROUP, S.EXAMPLE_LABEL)
+    requires = (
+        S.CLUSTER,
+        S.COORDS,
+        S.REDUCED,
+        S.STATS,
+        S.DETECTORS,
+        S.SEQ_LEN,
+        S.TRUNCATED,
+        S.EXAMPLE_ID,
+        S.EXAMPLE_GROUP,
+        S.EXAMPLE_LABEL,
+    )
     provides = S.arrays_of("explain")
 
     def __init__(self, explain, model, data, embed_name: str, seed: int = 0):
@@ -60,8 +70,13 @@ class ExplainStage(Stage):
         summary["warnings"] = findings.warnings
         summary["clusters"]["k_sweep"] = found["k_sweep"]
         summary["head_detectors"] = found["detectors"]
-        S.create_array(g, S.HEAD_DETECTORS, arrays.head_detectors.shape, data=arrays.head_detectors,
-                       attributes={S.Attr.NAMES: list(findings.detectors.names)})
+        S.create_array(
+            g,
+            S.HEAD_DETECTORS,
+            arrays.head_detectors.shape,
+            data=arrays.head_detectors,
+            attributes={S.Attr.NAMES: list(findings.detectors.names)},
+        )
         mark_complete(g, self.name, True)
         consolidate(ctx.store_path)
         for w in findings.warnings:
@@ -77,17 +92,25 @@ class ExplainStage(Stage):
 
         c = summary["clusters"]
         overview = RunOverview(
-            model=summary["model"], data=summary["data"], counts=summary["counts"], backend=summary["backend"],
+            model=summary["model"],
+            data=summary["data"],
+            counts=summary["counts"],
+            backend=summary["backend"],
             seconds={**summary["seconds"], **{k: round(v, 3) for k, v in ctx.timings.items()}},
-            clustering=ClusteringOverview(coords="umap" if c["umap"] else "pca", method=c["method"],
-                                          n_clusters=c["n_clusters"], silhouette=c["silhouette"],
-                                          noise_share=c["noise_share"], embedder=self.embed_name),
+            clustering=ClusteringOverview(
+                coords="umap" if c["umap"] else "pca",
+                method=c["method"],
+                n_clusters=c["n_clusters"],
+                silhouette=c["silhouette"],
+                noise_share=c["noise_share"],
+                embedder=self.embed_name,
+            ),
         )
         views = None
         if self.explain_cfg.head_views:
             try:
                 views = write_head_views(ctx.run_dir / "report", self.model_cfg, ctx.examples, findings.clusters)
-            except Exception as e:  # the head views are an aid: the report goes on without them, and says so
+            except Exception as e:  # noqa: BLE001 - the head views are an aid: the report goes on without them, and says so
                 first = str(e).splitlines()[0][:200] if str(e) else ""
                 msg = f"head views not written ({type(e).__name__}: {first})"
                 findings.warnings.append(msg)  # summary["warnings"] is the same list

@@ -15,7 +15,7 @@ from rapids_attn.data.example import Example
 @dataclass
 class Tokenized:
     input_ids: list[list[int]]  # per example, truncated to max_length
-    truncated: list[bool]       # True where the input was longer than max_length
+    truncated: list[bool]  # True where the input was longer than max_length
     #: segment ids (BERT-style text pairs: 0 for the first text, 1 for the second), if the
     #: tokenizer makes them; models trained with segments need them to read a pair correctly.
     token_type_ids: list[list[int]] | None = None
@@ -35,7 +35,7 @@ class Tokenized:
 def _encode(tokenizer, examples: list[Example], truncation: bool, max_length: int | None):
     texts = [e.text for e in examples]
     pairs = [e.text_pair for e in examples]
-    kwargs = dict(truncation="longest_first" if truncation else False, max_length=max_length if truncation else None)
+    kwargs = {"truncation": "longest_first" if truncation else False, "max_length": max_length if truncation else None}
     if any(p is not None for p in pairs):
         if not all(p is not None for p in pairs):
             raise ValueError("a shard mixes single texts and text pairs")
@@ -62,8 +62,9 @@ def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
     return Tokenized(input_ids=full, truncated=truncated, token_type_ids=types)
 
 
-def length_batches(lengths: list[int], token_budget: int, max_batch_size: int,
-                   attention_budget: int | None = None) -> list[list[int]]:
+def length_batches(
+    lengths: list[int], token_budget: int, max_batch_size: int, attention_budget: int | None = None
+) -> list[list[int]]:
     """Indices grouped so that len(batch) * max(length in batch) <= token_budget and, when given,
     len(batch) * max(length)^2 <= attention_budget (one layer's attention entries per head), so a
     batch's attention memory is bounded whatever the longest input; an input over a budget still

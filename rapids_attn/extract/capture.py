@@ -39,7 +39,8 @@ def attention_modules(model) -> tuple[list[torch.nn.Module], int] | None:
         return None
     cls, index, layer_name = spec
     mods = [
-        m for name, m in model.named_modules()
+        m
+        for name, m in model.named_modules()
         if isinstance(m, cls) and (layer_name is None or name.endswith(layer_name))
     ]
     return (mods, index) if mods else None

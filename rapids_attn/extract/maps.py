@@ -16,22 +16,22 @@ import torch
 
 #: Scalar signature of one map, each a mean over the map's query rows (Clark et al. 2019).
 STAT_NAMES = (
-    "entropy",       # -sum p log p of a row
+    "entropy",  # -sum p log p of a row
     "entropy_norm",  # entropy / log(number of keys the row can see); 0 = one-hot, 1 = uniform
-    "first",         # mass on the first token ([CLS] / BOS)
-    "sep",           # mass on separator / end tokens ([SEP] / EOS) after the first position
-    "punct",         # mass on punctuation tokens
-    "self",          # mass on the query's own position
-    "prev",          # mass on the previous token (rows 1..n-1)
-    "next",          # mass on the next token (rows 0..n-2)
-    "distance",      # mean |i - j| in tokens
-    "max",           # row maximum
+    "first",  # mass on the first token ([CLS] / BOS)
+    "sep",  # mass on separator / end tokens ([SEP] / EOS) after the first position
+    "punct",  # mass on punctuation tokens
+    "self",  # mass on the query's own position
+    "prev",  # mass on the previous token (rows 1..n-1)
+    "next",  # mass on the next token (rows 0..n-2)
+    "distance",  # mean |i - j| in tokens
+    "max",  # row maximum
 )
 
 #: Head detectors of TransformerLens computed per map from the token ids (the previous-token
 #: detector is the ``prev`` stat). NaN where the example has no repeated token.
 DETECTOR_NAMES = (
-    "dup",        # duplicate-token: mass on earlier copies of the query's token
+    "dup",  # duplicate-token: mass on earlier copies of the query's token
     "induction",  # induction: mass on the token after an earlier copy of the query's token
 )
 
@@ -77,8 +77,9 @@ def offset_profile(a: torch.Tensor, offsets=PROFILE_OFFSETS) -> torch.Tensor:
     h, n, _ = a.shape
     cols = []
     for o in offsets:
-        cols.append(a.diagonal(offset=o, dim1=-2, dim2=-1).float().mean(-1) if abs(o) < n
-                    else torch.zeros(h, device=a.device))
+        cols.append(
+            a.diagonal(offset=o, dim1=-2, dim2=-1).float().mean(-1) if abs(o) < n else torch.zeros(h, device=a.device)
+        )
     return torch.stack(cols, dim=-1)
 
 
@@ -158,8 +159,9 @@ class SignatureWeights:
     patterns: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] | None
 
     @classmethod
-    def build(cls, sep: torch.Tensor, punct: torch.Tensor, causal: bool,
-              ids: torch.Tensor | None = None) -> SignatureWeights:
+    def build(
+        cls, sep: torch.Tensor, punct: torch.Tensor, causal: bool, ids: torch.Tensor | None = None
+    ) -> SignatureWeights:
         """sep, punct: [n] bool masks of the example's tokens; ids: its token ids (detectors)."""
         n, dev = sep.shape[0], sep.device
         key_cols = torch.zeros(n, len(_KEY_COLS), device=dev, dtype=torch.float32)
@@ -169,16 +171,21 @@ class SignatureWeights:
         key_cols[:, _K["mass"]] = 1.0
         patterns = None
         if ids is not None:
-            patterns = tuple((*pattern.nonzero(as_tuple=True), pattern.any(-1).nonzero()[:, 0])
-                             for pattern in repeat_masks(ids))
+            patterns = tuple(
+                (*pattern.nonzero(as_tuple=True), pattern.any(-1).nonzero()[:, 0]) for pattern in repeat_masks(ids)
+            )
         first_valid = (1 if causal else 0) if n > 1 else n
-        seen = (torch.arange(first_valid + 1, n + 1, device=dev, dtype=torch.float32) if causal
-                else torch.full((n - first_valid,), float(n), device=dev, dtype=torch.float32))
+        seen = (
+            torch.arange(first_valid + 1, n + 1, device=dev, dtype=torch.float32)
+            if causal
+            else torch.full((n - first_valid,), float(n), device=dev, dtype=torch.float32)
+        )
         return cls(key_cols=key_cols, log_seen=torch.log(seen), first_valid=first_valid, patterns=patterns)
 
 
-def map_signature(a: torch.Tensor, sw: SignatureWeights,
-                  keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def map_signature(
+    a: torch.Tensor, sw: SignatureWeights, keys: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[head, n, n] row-stochastic maps of one example -> (stats [head, len(STAT_NAMES)] float32,
     detectors [head, len(DETECTOR_NAMES)] or None when ``sw`` was built without token ids).
 
@@ -195,16 +202,27 @@ def map_signature(a: torch.Tensor, sw: SignatureWeights,
     distance = torch.bmm(a.transpose(0, 1), _distance(n, a.device)).mean(0).squeeze(-1)  # [head]
     ent_rows = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)  # [head, n]
     zeros = torch.zeros(h, device=a.device, dtype=torch.float32)
-    ent_norm = (ent_rows[:, sw.first_valid:] / sw.log_seen).mean(-1) if sw.first_valid < n else zeros
+    ent_norm = (ent_rows[:, sw.first_valid :] / sw.log_seen).mean(-1) if sw.first_valid < n else zeros
 
     def diagonal(offset: int) -> torch.Tensor:
         return a.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1) if abs(offset) < n else zeros
 
     mean = keys.mean(1)  # [head, 4]
-    stats = torch.stack([
-        ent_rows.mean(-1), ent_norm, mean[:, _K["first"]], mean[:, _K["sep"]], mean[:, _K["punct"]],
-        diagonal(0), diagonal(-1), diagonal(1), distance, a.amax(-1).mean(-1),
-    ], dim=-1)
+    stats = torch.stack(
+        [
+            ent_rows.mean(-1),
+            ent_norm,
+            mean[:, _K["first"]],
+            mean[:, _K["sep"]],
+            mean[:, _K["punct"]],
+            diagonal(0),
+            diagonal(-1),
+            diagonal(1),
+            distance,
+            a.amax(-1).mean(-1),
+        ],
+        dim=-1,
+    )
     if sw.patterns is None:
         return stats, None
     det = []
@@ -261,8 +279,17 @@ class LayerReducer:
     Preallocates [batch, layers, heads, ...] outputs; ``__call__(layer, weights)`` fills one layer.
     """
 
-    def __init__(self, lengths: list[int], masks: TokenMasks, layers: list[int], heads: list[int],
-                 image_size: int, thumb_size: int, causal: bool, device):
+    def __init__(
+        self,
+        lengths: list[int],
+        masks: TokenMasks,
+        layers: list[int],
+        heads: list[int],
+        image_size: int,
+        thumb_size: int,
+        causal: bool,
+        device,
+    ):
         b = len(lengths)
         self.lengths = lengths
         self.masks = masks
@@ -290,7 +317,7 @@ class LayerReducer:
             return
         # weights: [batch, head, q, k]
         if self.head_prefix is not None:
-            w = weights[:, :self.head_prefix]
+            w = weights[:, : self.head_prefix]
         else:
             w = weights.index_select(1, self.heads.to(weights.device))
         s = self.image_size
@@ -298,8 +325,9 @@ class LayerReducer:
             crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
             cached = self._weights.get(b)
             if cached is None:
-                sw = SignatureWeights.build(self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal,
-                                            self.masks.ids[b, :n])
+                sw = SignatureWeights.build(
+                    self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal, self.masks.ids[b, :n]
+                )
                 r = _area_weights(n, s, str(crop.device))
                 cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols], dim=1))
             sw, right = cached

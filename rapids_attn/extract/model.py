@@ -137,5 +137,7 @@ def load_model(cfg, device: str, dtype: str):
         raise ModelError(f"model.name: cannot load the weights of '{cfg.name}': {str(e).splitlines()[0]}") from None
     impl = getattr(model.config, "_attn_implementation", "eager")
     if impl != "eager":
-        raise ModelError(f"model.name: '{cfg.name}' would not run eager attention (got {impl}); its maps cannot be read")
+        raise ModelError(
+            f"model.name: '{cfg.name}' would not run eager attention (got {impl}); its maps cannot be read"
+        )
     return model.eval().to(device)

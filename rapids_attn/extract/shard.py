@@ -17,10 +17,18 @@ import numpy as np
 import torch
 
 from rapids_attn.data.example import Example
+from rapids_attn.devices import ExtractDevices, empty_device_cache
 from rapids_attn.extract.batching import length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture
-from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, LayerReducer, TokenMasks, punctuation_ids, separator_ids
-from rapids_attn.devices import ExtractDevices, empty_device_cache
+from rapids_attn.extract.maps import (
+    DETECTOR_NAMES,
+    PROFILE_OFFSETS,
+    STAT_NAMES,
+    LayerReducer,
+    TokenMasks,
+    punctuation_ids,
+    separator_ids,
+)
 from rapids_attn.job import EmbedConfig, ExtractConfig, ModelConfig
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import StoreLayout, encode_thumbnails, write_shard
@@ -35,8 +43,8 @@ class ShardTask:
     extract: ExtractConfig
     embed: EmbedConfig
     devices: ExtractDevices
-    threads: int           # torch threads per worker (runtime.threads_per_worker)
-    key: str               # the job's extraction key (also the worker cache key)
+    threads: int  # torch threads per worker (runtime.threads_per_worker)
+    key: str  # the job's extraction key (also the worker cache key)
     store_path: str
     layout: StoreLayout
     shard: int
@@ -44,14 +52,32 @@ class ShardTask:
     max_length: int
 
     @classmethod
-    def from_job(cls, cfg, layout: StoreLayout, max_length: int, examples: list[Example] | None = None,
-                 shard: int = 0, store_path: str = "") -> ShardTask:
+    def from_job(
+        cls,
+        cfg,
+        layout: StoreLayout,
+        max_length: int,
+        examples: list[Example] | None = None,
+        shard: int = 0,
+        store_path: str = "",
+    ) -> ShardTask:
         """A task from a whole JobConfig, its devices resolved as preflight would (tests, benchmarks)."""
         from rapids_attn.devices import resolve_devices
 
         devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, ("extract",))
-        return cls(cfg.model, cfg.extract, cfg.embed, devices.extract, cfg.runtime.threads_per_worker,
-                   cfg.extraction_key(), store_path, layout, shard, list(examples or []), max_length)
+        return cls(
+            cfg.model,
+            cfg.extract,
+            cfg.embed,
+            devices.extract,
+            cfg.runtime.threads_per_worker,
+            cfg.extraction_key(),
+            store_path,
+            layout,
+            shard,
+            list(examples or []),
+            max_length,
+        )
 
 
 @dataclass
@@ -93,11 +119,15 @@ class Extractor:
         """True when every head of every layer puts no mass above the diagonal (decoder attention)."""
         ids = self.tokenizer("a b c d e f", return_tensors="pt")["input_ids"][:, :6].to(self.device)
         upper: list[float] = []
-        self.capture.run({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
-                         lambda _l, w: upper.append(float(torch.triu(w.float(), diagonal=1).sum())))
+        self.capture.run(
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            lambda _l, w: upper.append(float(torch.triu(w.float(), diagonal=1).sum())),
+        )
         return max(upper) == 0.0
 
-    def run_batch(self, input_ids: list[list[int]], token_type_ids: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
+    def run_batch(
+        self, input_ids: list[list[int]], token_type_ids: list[list[int]] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Forward one batch; return images [b, L, H, S, S], thumbs, stats for its examples."""
         lengths = [len(x) for x in input_ids]
         features = {"input_ids": input_ids}
@@ -106,12 +136,25 @@ class Extractor:
         enc = self.tokenizer.pad(features, padding=True, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
         masks = TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids)
-        reducer = LayerReducer(lengths, masks, self.layout.layers, self.layout.heads,
-                               self.layout.image_size, self.layout.thumb_size, self.causal, self.device)
+        reducer = LayerReducer(
+            lengths,
+            masks,
+            self.layout.layers,
+            self.layout.heads,
+            self.layout.image_size,
+            self.layout.thumb_size,
+            self.causal,
+            self.device,
+        )
         with self.lock:
             self.capture.run(batch, reducer)
-        return {"images": reducer.images, S.THUMBNAILS: reducer.thumbs, S.STATS: reducer.stats,
-                S.PROFILE: reducer.profile, S.DETECTORS: reducer.detectors}
+        return {
+            "images": reducer.images,
+            S.THUMBNAILS: reducer.thumbs,
+            S.STATS: reducer.stats,
+            S.PROFILE: reducer.profile,
+            S.DETECTORS: reducer.detectors,
+        }
 
     def process(self, task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
@@ -132,8 +175,9 @@ class Extractor:
             out = self.run_batch(**tok.batch(idx))
             t2 = time.perf_counter()
             images = out["images"].reshape(-1, s, s)  # [b*L*H, S, S]
-            f, more = self.embedder.embed(images, out[S.PROFILE].reshape(images.shape[0], -1),
-                                          out[S.STATS].reshape(images.shape[0], -1))
+            f, more = self.embedder.embed(
+                images, out[S.PROFILE].reshape(images.shape[0], -1), out[S.STATS].reshape(images.shape[0], -1)
+            )
             feats[idx] = f.reshape(len(idx), nl, nh, -1).cpu().numpy().astype(self.layout.features_dtype)
             for name, value in more.items():
                 extra[name][idx] = value.reshape(len(idx), nl, nh).cpu().numpy().astype(extra[name].dtype)
@@ -162,8 +206,13 @@ class Extractor:
         write_shard(task.store_path, self.layout, task.shard, arrays)
         seconds["write"] = time.perf_counter() - t4
         return ShardResult(
-            shard=task.shard, n_examples=n, n_maps=n * nl * nh, n_truncated=int(sum(tok.truncated)),
-            n_tokens=int(sum(tok.lengths)), device=self.device, worker=f"{os.uname().nodename}:{os.getpid()}",
+            shard=task.shard,
+            n_examples=n,
+            n_maps=n * nl * nh,
+            n_truncated=int(sum(tok.truncated)),
+            n_tokens=int(sum(tok.lengths)),
+            device=self.device,
+            worker=f"{os.uname().nodename}:{os.getpid()}",
             seconds=seconds,
         )
 

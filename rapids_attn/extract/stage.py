@@ -29,8 +29,13 @@ class ExtractResult(StageResult):
 
     def to_dict(self) -> dict:
         # summary.json's extract.this_run: what this run did (the run record lives in extract.runs)
-        return {"resumed": self.resumed, "shards_run": self.shards_run, "shards_total": self.shards_total,
-                "maps_run": self.maps_run, "maps_per_example": self.maps_per_example}
+        return {
+            "resumed": self.resumed,
+            "shards_run": self.shards_run,
+            "shards_total": self.shards_total,
+            "maps_run": self.maps_run,
+            "maps_per_example": self.maps_per_example,
+        }
 
 
 def plan_layout(extract, embed, store, n_examples: int, n_layers: int, n_heads: int, model_name: str) -> StoreLayout:
@@ -47,12 +52,20 @@ def plan_layout(extract, embed, store, n_examples: int, n_layers: int, n_heads: 
     precision = "int8" if embed.precision == "int8" else "float32"
     embedder = build_embedder(embed, extract.image_size, "cpu", precision, prepare=False)
     return StoreLayout(
-        n_examples=n_examples, layers=layers, heads=heads, feature_dim=embedder.dim,
-        image_size=extract.image_size, thumb_size=extract.thumbnail_size,
-        shard_size=extract.shard_size, stat_names=list(STAT_NAMES), profile_offsets=list(PROFILE_OFFSETS),
+        n_examples=n_examples,
+        layers=layers,
+        heads=heads,
+        feature_dim=embedder.dim,
+        image_size=extract.image_size,
+        thumb_size=extract.thumbnail_size,
+        shard_size=extract.shard_size,
+        stat_names=list(STAT_NAMES),
+        profile_offsets=list(PROFILE_OFFSETS),
         detector_names=list(DETECTOR_NAMES),
-        embed_outputs=dict(embedder.outputs), embed_attrs=dict(embedder.store_attrs),
-        features_dtype=store.features_dtype, compression_level=store.compression_level,
+        embed_outputs=dict(embedder.outputs),
+        embed_attrs=dict(embedder.store_attrs),
+        features_dtype=store.features_dtype,
+        compression_level=store.compression_level,
     )
 
 
@@ -68,8 +81,15 @@ def _check_indices(name: str, sel: list[int] | None, n: int, model: str) -> list
 def _progress(total: int, desc: str):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="shard", file=sys.stderr, dynamic_ncols=True,
-                disable=None if sys.stderr.isatty() else False, mininterval=1.0)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="shard",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=None if sys.stderr.isatty() else False,
+        mininterval=1.0,
+    )
 
 
 class ExtractStage(Stage):
@@ -109,18 +129,44 @@ class ExtractStage(Stage):
         resumed = g is not None
         if g is None:
             m = ctx.model
-            meta = {"name": self.model_cfg.name, "source": m.source, "type": m.model_type,
-                    "revision": self.model_cfg.revision, "n_layers": m.n_layers, "n_heads": m.n_heads,
-                    "max_length": m.max_length}
-            g = create_store(ctx.store_path, layout, ctx.job, ctx.key, meta, [e.id for e in ctx.examples],
-                             [e.group for e in ctx.examples], [e.label for e in ctx.examples])
+            meta = {
+                "name": self.model_cfg.name,
+                "source": m.source,
+                "type": m.model_type,
+                "revision": self.model_cfg.revision,
+                "n_layers": m.n_layers,
+                "n_heads": m.n_heads,
+                "max_length": m.max_length,
+            }
+            g = create_store(
+                ctx.store_path,
+                layout,
+                ctx.job,
+                ctx.key,
+                meta,
+                [e.id for e in ctx.examples],
+                [e.group for e in ctx.examples],
+                [e.label for e in ctx.examples],
+            )
         done = done_shards(g)
         tasks = []
         for s in (s for s in range(layout.n_shards) if not done[s]):
             start, stop = layout.shard_rows(s)
-            tasks.append(ShardTask(self.model_cfg, self.extract_cfg, self.embed_cfg, ctx.devices.extract,
-                                   self.runtime_cfg.threads_per_worker, ctx.key, str(ctx.store_path), layout, s,
-                                   ctx.examples[start:stop], ctx.model.max_length))
+            tasks.append(
+                ShardTask(
+                    self.model_cfg,
+                    self.extract_cfg,
+                    self.embed_cfg,
+                    ctx.devices.extract,
+                    self.runtime_cfg.threads_per_worker,
+                    ctx.key,
+                    str(ctx.store_path),
+                    layout,
+                    s,
+                    ctx.examples[start:stop],
+                    ctx.model.max_length,
+                )
+            )
         results = []
         with _progress(len(tasks), "extract") as bar:
             futures = client.map(process_shard, tasks, pure=False) if tasks else []
@@ -140,15 +186,22 @@ class ExtractStage(Stage):
             "maps": sum(r.n_maps for r in results),
             "devices": sorted({r.device for r in results}),
             "workers": sorted({r.worker for r in results}),
-            "worker_seconds": {k: round(sum(r.seconds.get(k, 0.0) for r in results), 3)
-                               for k in ("tokenize", "forward", "embed", "write")},
+            "worker_seconds": {
+                k: round(sum(r.seconds.get(k, 0.0) for r in results), 3)
+                for k in ("tokenize", "forward", "embed", "write")
+            },
         }
         g.attrs[S.Attr.EXTRACT_RUNS] = [*g.attrs.get(S.Attr.EXTRACT_RUNS, []), record]
         mark_complete(g, self.name, True)
         consolidate(ctx.store_path)
-        return ExtractResult(resumed=resumed, shards_run=len(results), shards_total=layout.n_shards,
-                             maps_run=record["maps"], maps_per_example=len(layout.layers) * len(layout.heads),
-                             record=record)
+        return ExtractResult(
+            resumed=resumed,
+            shards_run=len(results),
+            shards_total=layout.n_shards,
+            maps_run=record["maps"],
+            maps_per_example=len(layout.layers) * len(layout.heads),
+            record=record,
+        )
 
     def release(self, client) -> None:
         """A later stage keeps the cluster (a multi-GPU fit): drop each worker's model and embedder first."""

@@ -33,8 +33,9 @@ def _blocks(n_examples: int, rows: int):
         yield start, min(start + rows, n_examples)
 
 
-def _sample_maps(n_maps: int, size: int, seed: int, groups: np.ndarray | None = None,
-                 maps_per_example: int = 1) -> np.ndarray:
+def _sample_maps(
+    n_maps: int, size: int, seed: int, groups: np.ndarray | None = None, maps_per_example: int = 1
+) -> np.ndarray:
     """Sorted flat map indices of a seeded sample of at most ``size`` maps.
 
     With ``groups`` (one code per example), each group contributes an equal share (or all it has,
@@ -69,7 +70,7 @@ def sweep_k(backend: LearnBackend, z, k_range: list[int], sample: int, sil_sampl
         sil.append(backend.silhouette(zs, labels, sil_sample, seed))
     scored = [(s, k) for k, s in zip(ks, sil) if s is not None]
     best = max(scored)[1] if scored else None
-    return {"k": ks, "inertia": inertia, "silhouette": sil, "best_silhouette_k": best, "n": int(len(idx))}
+    return {"k": ks, "inertia": inertia, "silhouette": sil, "best_silhouette_k": best, "n": len(idx)}
 
 
 def _read_sample(backend: LearnBackend, feats, idx: np.ndarray, rows: int):
@@ -152,8 +153,9 @@ def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
     return reduced, coords, labels
 
 
-def fit_store(g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int = 0, client=None,
-              multi_gpu: bool = False) -> dict:
+def fit_store(
+    g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int = 0, client=None, multi_gpu: bool = False
+) -> dict:
     """Reduce and cluster every map of the store ``g`` (its ``features``); write ``reduced``,
     ``coords`` and ``cluster``; return what was done (also kept as the store's ``learn`` attribute).
 
@@ -214,7 +216,7 @@ def fit_store(g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int =
         "multi_gpu": isinstance(model, _MultiGPUModel),
         "method": cluster.method,
         "n_maps": n_maps,
-        "n_fit": int(len(idx)),
+        "n_fit": len(idx),
         "pca_components": k,
         "pca_explained_variance": float(backend.to_numpy(evr).sum()) if evr is not None else None,
         "umap": reduce.umap.enabled,
@@ -222,7 +224,7 @@ def fit_store(g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int =
         "cluster_sizes": {str(c): n for c, n in sorted(counts.items())},
         "noise_share": counts.get(-1, 0) / n_maps if n_maps else 0.0,
         "silhouette": sil,
-        "silhouette_sample": min(cluster.silhouette_sample, int(len(idx))),
+        "silhouette_sample": min(cluster.silhouette_sample, len(idx)),
         "k_sweep": model.sweep,
         "sample_by": reduce.sample_by,
         "seconds": timings,
@@ -268,4 +270,6 @@ class _MultiGPUModel(_Model):
         return p, p
 
     def assign(self, z):
-        return self.backend.xp.asarray(self.clusterer.predict(self._distributed(z)).compute()).astype(self.backend.xp.int32)
+        return self.backend.xp.asarray(self.clusterer.predict(self._distributed(z)).compute()).astype(
+            self.backend.xp.int32
+        )

@@ -47,7 +47,14 @@ class LearnStage(Stage):
         from rapids_attn.store.zarr_store import consolidate
 
         g = zarr.open_group(str(ctx.store_path), mode="r+")
-        info = fit_store(g, self.reduce_cfg, self.cluster_cfg, ctx.devices.learn, self.seed, client,
-                         multi_gpu=ctx.devices.multi_gpu_learn)
+        info = fit_store(
+            g,
+            self.reduce_cfg,
+            self.cluster_cfg,
+            ctx.devices.learn,
+            self.seed,
+            client,
+            multi_gpu=ctx.devices.multi_gpu_learn,
+        )
         consolidate(ctx.store_path)
         return LearnResult(info=info)

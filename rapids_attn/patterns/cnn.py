@@ -31,8 +31,9 @@ N_SIDE = len(PROFILE_OFFSETS) + len(STAT_NAMES)
 
 
 def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout),
-                         nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+    )
 
 
 class PatternCNN(nn.Module):
@@ -48,7 +49,9 @@ class PatternCNN(nn.Module):
         self.trunk = nn.Sequential(_conv(1, w, 2), _conv(w, 2 * w, 2), _conv(2 * w, 64, 2))
         flat = 64 * (image_size // 8) ** 2
         self.image_fc = nn.Sequential(nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(inplace=True))
-        self.side = nn.Sequential(nn.Linear(N_SIDE, 64), nn.ReLU(inplace=True), nn.Linear(64, 64), nn.ReLU(inplace=True))
+        self.side = nn.Sequential(
+            nn.Linear(N_SIDE, 64), nn.ReLU(inplace=True), nn.Linear(64, 64), nn.ReLU(inplace=True)
+        )
         self.embed = nn.Sequential(nn.Linear(128 + 64, embed_dim), nn.ReLU(inplace=True))
         self.classifier = nn.Linear(embed_dim, n_classes)
         # standardisation of [profile, stats], fixed from the training set (saved with the weights)
@@ -93,7 +96,9 @@ def load_pattern_cnn(device="cpu", weights_dir: Path | str | None = None) -> tup
     d = Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR
     wpath, mpath = d / WEIGHTS_FILE.name, d / META_FILE.name
     if not wpath.is_file() or not mpath.is_file():
-        raise FileNotFoundError(f"pattern CNN weights not found in {d}; train them with python -m tools.pattern_cnn.train from a checkout")
+        raise FileNotFoundError(
+            f"pattern CNN weights not found in {d}; train them with python -m tools.pattern_cnn.train from a checkout"
+        )
     meta = json.loads(mpath.read_text())
     arch = meta["architecture"]
     model = PatternCNN(len(meta["classes"]), meta["image_size"], arch["embed_dim"], arch["width"])

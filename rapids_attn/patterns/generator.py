@@ -44,26 +44,36 @@ from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize, m
 
 #: The pattern types, in label order.
 PATTERN_TYPES = (
-    "self",    # the query's own token (diagonal)
-    "prev",    # the previous token (sub-diagonal)
-    "next",    # the next token (super-diagonal); bidirectional maps only
-    "first",   # vertical stripe on the first token ([CLS] / BOS)
-    "sep",     # vertical stripes on separator / end tokens
-    "punct",   # vertical stripes on punctuation tokens
-    "block",   # attention within the query's segment (question / context / sentence blocks)
-    "broad",   # near-uniform over the visible keys
-    "band",    # a local window around the diagonal, half-width 2-8
+    "self",  # the query's own token (diagonal)
+    "prev",  # the previous token (sub-diagonal)
+    "next",  # the next token (super-diagonal); bidirectional maps only
+    "first",  # vertical stripe on the first token ([CLS] / BOS)
+    "sep",  # vertical stripes on separator / end tokens
+    "punct",  # vertical stripes on punctuation tokens
+    "block",  # attention within the query's segment (question / context / sentence blocks)
+    "broad",  # near-uniform over the visible keys
+    "band",  # a local window around the diagonal, half-width 2-8
     "hetero",  # heterogeneous: each row its own few random keys
 )
 TYPE_INDEX = {t: i for i, t in enumerate(PATTERN_TYPES)}
 
 N_MIN, N_MAX = 8, 512
 CAUSAL_SHARE = 0.3
-MARGIN = 0.15         # dominant weight minus the largest other weight (noise counts as broad), at least
+MARGIN = 0.15  # dominant weight minus the largest other weight (noise counts as broad), at least
 NOISE_MAX = 0.25
 #: how likely each type is to be drawn as a *secondary* component: [CLS]/[SEP] mass is everywhere
-SECONDARY_PRIOR = {"self": 1.5, "prev": 1.0, "next": 1.0, "first": 3.0, "sep": 3.0, "punct": 1.0,
-                   "block": 1.0, "broad": 2.0, "band": 1.0, "hetero": 1.0}
+SECONDARY_PRIOR = {
+    "self": 1.5,
+    "prev": 1.0,
+    "next": 1.0,
+    "first": 3.0,
+    "sep": 3.0,
+    "punct": 1.0,
+    "block": 1.0,
+    "broad": 2.0,
+    "band": 1.0,
+    "hetero": 1.0,
+}
 
 
 @dataclass
@@ -96,9 +106,9 @@ class MapSample:
 class _Tokens:
     n: int
     causal: bool
-    sep_pos: np.ndarray    # sorted positions > 0
+    sep_pos: np.ndarray  # sorted positions > 0
     punct_pos: np.ndarray  # sorted positions, disjoint from 0 and sep
-    segments: np.ndarray   # [n] segment id of each position (question / context)
+    segments: np.ndarray  # [n] segment id of each position (question / context)
 
 
 def _tokens(rng: np.random.Generator, n: int, causal: bool) -> _Tokens:
@@ -117,7 +127,7 @@ def _tokens(rng: np.random.Generator, n: int, causal: bool) -> _Tokens:
                 seps.add(q + 1)  # a doubled separator, RoBERTa's </s></s>
     sep_pos = np.array(sorted(seps), dtype=np.int64)
     free = np.setdiff1d(np.arange(1, n), sep_pos)
-    k = max(1, int(round(rng.uniform(0.08, 0.15) * n)))
+    k = max(1, round(rng.uniform(0.08, 0.15) * n))
     punct_pos = np.sort(rng.choice(free, size=min(k, len(free)), replace=False))
     early = free[free <= max(1, n // 4)]
     if causal and punct_pos[0] > max(1, n // 4) and len(early):
@@ -128,7 +138,7 @@ def _tokens(rng: np.random.Generator, n: int, causal: bool) -> _Tokens:
     # segments: everything up to and including a separator belongs to the segment it closes
     seg = np.zeros(n, dtype=np.int64)
     for s in sep_pos:
-        seg[s + 1:] += 1
+        seg[s + 1 :] += 1
     return _Tokens(n, causal, sep_pos, punct_pos, seg)
 
 
@@ -221,7 +231,7 @@ def _block(rng, tk: _Tokens, temp: float) -> np.ndarray:
     n_extra = int(rng.integers(1, 4)) if (seg == np.bincount(seg).argmax()).mean() > 0.6 else int(rng.integers(0, 2))
     cuts = rng.choice(tk.punct_pos, size=min(n_extra, len(tk.punct_pos)), replace=False) if len(tk.punct_pos) else []
     for c in cuts:
-        seg[c + 1:] += 1
+        seg[c + 1 :] += 1
         seg = np.unique(seg, return_inverse=True)[1]
     same = seg[:, None] == seg[None, :]
     w = same * _jitter(rng, (n, n), rng.uniform(0.0, 0.8) / math.sqrt(temp))
@@ -321,8 +331,14 @@ def _mixture(rng, dominant: str, causal: bool) -> tuple[dict, float]:
     return {dominant: 1.0}, lam  # pragma: no cover - practically unreachable
 
 
-def sample_map(seed: int, index: int, dominant: str | None = None, causal: bool | None = None,
-               n: int | None = None, pure: bool = False) -> MapSample:
+def sample_map(
+    seed: int,
+    index: int,
+    dominant: str | None = None,
+    causal: bool | None = None,
+    n: int | None = None,
+    pure: bool = False,
+) -> MapSample:
     """The ``index``-th map of stream ``seed``; ``dominant`` / ``causal`` / ``n`` pin those draws.
 
     ``pure``: the dominant component alone (no secondary components, no noise floor), with the same
@@ -331,7 +347,7 @@ def sample_map(seed: int, index: int, dominant: str | None = None, causal: bool 
     rng = np.random.default_rng([seed, index])
     label = int(rng.integers(len(PATTERN_TYPES)))
     is_causal = rng.random() < CAUSAL_SHARE
-    n_draw = int(round(math.exp(rng.uniform(math.log(N_MIN), math.log(N_MAX)))))
+    n_draw = round(math.exp(rng.uniform(math.log(N_MIN), math.log(N_MAX))))
     temp = float(math.exp(rng.uniform(math.log(0.4), math.log(2.5))))
     if dominant is not None:
         label = TYPE_INDEX[dominant]
@@ -350,7 +366,7 @@ def sample_map(seed: int, index: int, dominant: str | None = None, causal: bool 
     row_w /= row_w.sum(1, keepdims=True)
     a = np.zeros((n, n))
     for c, t in enumerate(names):
-        a += row_w[:, c:c + 1] * _BUILDERS[t](rng, tk, temp)
+        a += row_w[:, c : c + 1] * _BUILDERS[t](rng, tk, temp)
     if lam > 0:
         vis = _visible(n, is_causal)
         noise = _normalise(vis * _jitter(rng, (n, n), rng.uniform(0.3, 2.0)), 0)
@@ -396,8 +412,9 @@ def featurize(samples: list[MapSample], image_size: int = 32):
     return images, profile, stats, labels
 
 
-def generate_features(seed: int, count: int, image_size: int = 32, start: int = 0, chunk: int = 1000,
-                      with_info: bool = False):
+def generate_features(
+    seed: int, count: int, image_size: int = 32, start: int = 0, chunk: int = 1000, with_info: bool = False
+):
     """``featurize(generate(seed, count, start))`` without holding every full map in memory.
 
     With ``with_info``, two more tensors: each map's length n and causal flag.

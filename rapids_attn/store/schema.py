@@ -52,23 +52,37 @@ class ArraySpec(str):
 # -- written by the extract stage ------------------------------------------------------------------
 FEATURES = ArraySpec("features", (*MAP_DIMS, "feature"), None, "extract", 0, "the embedder's feature vector per map")
 THUMBNAILS = ArraySpec(
-    "thumbnails", (*MAP_DIMS, "ty", "tx"), "uint8", "extract", 0,
+    "thumbnails",
+    (*MAP_DIMS, "ty", "tx"),
+    "uint8",
+    "extract",
+    0,
     "the map area-resized to thumbnail_size, square-root coded (decode_thumbnails); absent when thumbnail_size is 0",
 )
 STATS = ArraySpec("stats", (*MAP_DIMS, "stat"), "float32", "extract", np.nan, "scalar signature at full resolution")
 DETECTORS = ArraySpec(
-    "detectors", (*MAP_DIMS, "detector"), "float32", "extract", np.nan,
+    "detectors",
+    (*MAP_DIMS, "detector"),
+    "float32",
+    "extract",
+    np.nan,
     "duplicate-token and induction scores (NaN: the example has no repeated token)",
 )
-PROFILE = ArraySpec("profile", (*MAP_DIMS, "offset"), "float16", "extract", np.nan, "mean attention at key = query + offset")
+PROFILE = ArraySpec(
+    "profile", (*MAP_DIMS, "offset"), "float16", "extract", np.nan, "mean attention at key = query + offset"
+)
 PATTERN = ArraySpec("pattern", MAP_DIMS, "int8", "extract", 0, "pattern-cnn: index into the pattern_classes attribute")
-PATTERN_PROB = ArraySpec("pattern_prob", MAP_DIMS, "float16", "extract", 0, "pattern-cnn: the predicted type's probability")
+PATTERN_PROB = ArraySpec(
+    "pattern_prob", MAP_DIMS, "float16", "extract", 0, "pattern-cnn: the predicted type's probability"
+)
 SEQ_LEN = ArraySpec("seq_len", ("example",), "int32", "extract", 0, "tokens after truncation")
 TRUNCATED = ArraySpec("truncated", ("example",), "bool", "extract", False, "the input was truncated")
 EXAMPLE_ID = ArraySpec("example_id", ("example",), "str", "extract", "", "the dataset's id of each example")
 EXAMPLE_GROUP = ArraySpec("example_group", ("example",), "str", "extract", "", "e.g. the SQuAD article title")
 EXAMPLE_LABEL = ArraySpec("example_label", ("example",), "str", "extract", "", "e.g. answerable / impossible")
-SHARDS_DONE = ArraySpec("shards_done", ("shard",), "bool", "extract", False, "set only after a shard's rows are written")
+SHARDS_DONE = ArraySpec(
+    "shards_done", ("shard",), "bool", "extract", False, "set only after a shard's rows are written"
+)
 LAYER = ArraySpec("layer", ("layer",), "int32", "extract", 0, "coordinate: the model's layer index")
 HEAD = ArraySpec("head", ("head",), "int32", "extract", 0, "coordinate: the model's head index")
 STAT = ArraySpec("stat", ("stat",), "str", "extract", "", "coordinate: names of the stats")
@@ -82,15 +96,38 @@ CLUSTER = ArraySpec("cluster", MAP_DIMS, "int32", "learn", -1, "cluster label; -
 
 # -- written by the explain stage ------------------------------------------------------------------
 HEAD_DETECTORS = ArraySpec(
-    "head_detectors", ("layer", "head", "head_detector"), "float32", "explain", np.nan,
+    "head_detectors",
+    ("layer", "head", "head_detector"),
+    "float32",
+    "explain",
+    np.nan,
     "per-head mean of prev and the detectors over the examples that define them",
 )
 
 ARRAYS: dict[str, ArraySpec] = {
     str(a): a
     for a in (
-        FEATURES, THUMBNAILS, STATS, DETECTORS, PROFILE, PATTERN, PATTERN_PROB, SEQ_LEN, TRUNCATED, EXAMPLE_ID,
-        EXAMPLE_GROUP, EXAMPLE_LABEL, SHARDS_DONE, LAYER, HEAD, STAT, DETECTOR, OFFSET, REDUCED, COORDS, CLUSTER,
+        FEATURES,
+        THUMBNAILS,
+        STATS,
+        DETECTORS,
+        PROFILE,
+        PATTERN,
+        PATTERN_PROB,
+        SEQ_LEN,
+        TRUNCATED,
+        EXAMPLE_ID,
+        EXAMPLE_GROUP,
+        EXAMPLE_LABEL,
+        SHARDS_DONE,
+        LAYER,
+        HEAD,
+        STAT,
+        DETECTOR,
+        OFFSET,
+        REDUCED,
+        COORDS,
+        CLUSTER,
         HEAD_DETECTORS,
     )
 }
@@ -131,9 +168,16 @@ def _compressors(level: int):
     return None if level == 0 else ZstdCodec(level=level)
 
 
-def create_array(group, spec: ArraySpec, shape: tuple[int, ...], chunks: tuple[int, ...] | None = None,
-                 dtype: str | None = None, compression_level: int = 0, attributes: dict | None = None,
-                 data: np.ndarray | None = None):
+def create_array(
+    group,
+    spec: ArraySpec,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...] | None = None,
+    dtype: str | None = None,
+    compression_level: int = 0,
+    attributes: dict | None = None,
+    data: np.ndarray | None = None,
+):
     """Create (or replace) ``spec`` in ``group`` with the schema's dims, dtype and fill value."""
     if len(shape) != len(spec.dims):
         raise ValueError(f"{spec}: shape {shape} does not match its dims {spec.dims}")
@@ -148,8 +192,15 @@ def create_array(group, spec: ArraySpec, shape: tuple[int, ...], chunks: tuple[i
         if data is not None:
             arr[:] = np.asarray(data, dtype=str)
         return arr
-    arr = group.create_array(spec, shape=shape, chunks=chunks or shape, dtype=dt, fill_value=spec.fill,
-                             compressors=_compressors(compression_level), **kw)
+    arr = group.create_array(
+        spec,
+        shape=shape,
+        chunks=chunks or shape,
+        dtype=dt,
+        fill_value=spec.fill,
+        compressors=_compressors(compression_level),
+        **kw,
+    )
     if data is not None:
         arr[:] = data
     return arr

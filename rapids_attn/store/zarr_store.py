@@ -14,8 +14,20 @@ from rapids_attn.errors import StoreError
 from rapids_attn.store import schema as S
 from rapids_attn.store.schema import Attr, read_strings
 
-__all__ = ["StoreLayout", "create_store", "open_for_job", "inspect_store", "write_shard", "done_shards",
-           "read_strings", "encode_thumbnails", "decode_thumbnails", "complete_attr", "mark_complete", "consolidate"]
+__all__ = [
+    "StoreLayout",
+    "complete_attr",
+    "consolidate",
+    "create_store",
+    "decode_thumbnails",
+    "done_shards",
+    "encode_thumbnails",
+    "inspect_store",
+    "mark_complete",
+    "open_for_job",
+    "read_strings",
+    "write_shard",
+]
 
 
 @dataclass(frozen=True)
@@ -66,12 +78,26 @@ def decode_thumbnails(q: np.ndarray) -> np.ndarray:
 
 def _map_array(g, spec: S.ArraySpec, layout: StoreLayout, tail: tuple[int, ...], dtype: str | None = None):
     nl, nh = len(layout.layers), len(layout.heads)
-    return S.create_array(g, spec, (layout.n_examples, nl, nh, *tail), chunks=(layout.shard_size, nl, nh, *tail),
-                          dtype=dtype, compression_level=layout.compression_level)
+    return S.create_array(
+        g,
+        spec,
+        (layout.n_examples, nl, nh, *tail),
+        chunks=(layout.shard_size, nl, nh, *tail),
+        dtype=dtype,
+        compression_level=layout.compression_level,
+    )
 
 
-def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dict,
-                 ids: list[str], groups: list[str], labels: list[str]) -> zarr.Group:
+def create_store(
+    path: Path,
+    layout: StoreLayout,
+    job: dict,
+    key: str,
+    meta: dict,
+    ids: list[str],
+    groups: list[str],
+    labels: list[str],
+) -> zarr.Group:
     """Create a fresh store at ``path``, which must be absent or an empty folder (the caller decides,
     through :func:`open_for_job`, what may be replaced). The package's marker attributes are written
     first and the job attributes last: a store with the first and without the last is known to be an
@@ -100,13 +126,15 @@ def create_store(path: Path, layout: StoreLayout, job: dict, key: str, meta: dic
     S.create_array(g, S.STAT, (len(layout.stat_names),), data=layout.stat_names)
     S.create_array(g, S.DETECTOR, (len(layout.detector_names),), data=layout.detector_names)
     S.create_array(g, S.OFFSET, (len(layout.profile_offsets),), data=layout.profile_offsets)
-    g.attrs.update({
-        Attr.LAYOUT: asdict(layout),
-        Attr.MODEL: meta,
-        complete_attr("extract"): False,
-        complete_attr("learn"): False,
-        **layout.embed_attrs,
-    })
+    g.attrs.update(
+        {
+            Attr.LAYOUT: asdict(layout),
+            Attr.MODEL: meta,
+            complete_attr("extract"): False,
+            complete_attr("learn"): False,
+            **layout.embed_attrs,
+        }
+    )
     g.attrs[Attr.JOB] = job
     g.attrs[Attr.EXTRACTION_KEY] = key  # last: its presence marks a complete creation
     return g
@@ -140,16 +168,20 @@ def inspect_store(path: Path, key: str, layout: StoreLayout) -> str:
     except OSError as e:
         raise _unreadable(path, e) from None
     if not (path / "zarr.json").is_file():
-        raise StoreError(f"{path}: exists but is not a Zarr store made by rapids_attn; move it away or set output.dir "
-                         "to a new run directory (nothing was changed)")
+        raise StoreError(
+            f"{path}: exists but is not a Zarr store made by rapids_attn; move it away or set output.dir "
+            "to a new run directory (nothing was changed)"
+        )
     try:
         g = zarr.open_group(str(path), mode="r")
         attrs = dict(g.attrs)
-    except Exception as e:  # permissions, corrupt JSON, an unknown zarr format: say so, never delete
+    except Exception as e:  # noqa: BLE001 - permissions, corrupt JSON, an unknown zarr format: say so, never delete
         raise _unreadable(path, e) from None
     if Attr.FORMAT_VERSION not in attrs and Attr.EXTRACTION_KEY not in attrs:
-        raise StoreError(f"{path}: is a Zarr store, but not one made by rapids_attn; move it away or set output.dir "
-                         "to a new run directory (nothing was changed)")
+        raise StoreError(
+            f"{path}: is a Zarr store, but not one made by rapids_attn; move it away or set output.dir "
+            "to a new run directory (nothing was changed)"
+        )
     old_key = attrs.get(Attr.EXTRACTION_KEY)
     if old_key is None:
         return "partial"

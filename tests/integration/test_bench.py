@@ -14,12 +14,31 @@ from helpers import REPO, SHARED_SQUAD
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_quick_benchmark_runs_every_case(tmp_path):
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--data", str(SHARED_SQUAD),
-                        "--out", str(out)], check=False, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--data", str(SHARED_SQUAD), "--out", str(out)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     R = json.loads(out.read_text())
-    for key in ("pipeline", "pipeline_4x", "bare", "naive", "matched", "matched_int8", "int8_fidelity",
-                "defaults_small", "pooled", "capture", "workers", "fit", "codec"):
+    for key in (
+        "pipeline",
+        "pipeline_4x",
+        "bare",
+        "naive",
+        "matched",
+        "matched_int8",
+        "int8_fidelity",
+        "defaults_small",
+        "pooled",
+        "capture",
+        "workers",
+        "fit",
+        "codec",
+    ):
         assert key in R, key
     pipe, naive = R["pipeline"], R["naive"]
     assert pipe["maps"] == pipe["examples"] * 6 * 12  # MiniLM: every example x layer x head
@@ -45,8 +64,14 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     assert cap["hooks"]["batch"] == cap["output_attentions"]["batch"]
     assert cap["hooks"]["peak_over_base"] < cap["output_attentions"]["peak_over_base"]
     # the printed report has every table
-    for title in ("### Phases", "### Against the naive pipeline", "### Against the bare forward pass",
-                  "### Memory", "### Scale", "### Store codec"):
+    for title in (
+        "### Phases",
+        "### Against the naive pipeline",
+        "### Against the bare forward pass",
+        "### Memory",
+        "### Scale",
+        "### Store codec",
+    ):
         assert title in p.stdout, title
 
 

@@ -28,18 +28,31 @@ import pytest
 from helpers import REPO
 
 #: what a job may take from the package: presets, the quickstart data, the pattern CNN's weights
-PACKAGE_DATA = ["rapids_attn/presets/models/minilm-l6.yaml", "rapids_attn/presets/embedders/pooled.yaml",
-                "rapids_attn/presets/clusters/kmeans.yaml", "rapids_attn/presets/data/quickstart.yaml",
-                "rapids_attn/data/quickstart.json", "rapids_attn/patterns/weights/pattern_cnn.safetensors",
-                "rapids_attn/patterns/weights/pattern_cnn.json"]
+PACKAGE_DATA = [
+    "rapids_attn/presets/models/minilm-l6.yaml",
+    "rapids_attn/presets/embedders/pooled.yaml",
+    "rapids_attn/presets/clusters/kmeans.yaml",
+    "rapids_attn/presets/data/quickstart.yaml",
+    "rapids_attn/data/quickstart.json",
+    "rapids_attn/patterns/weights/pattern_cnn.safetensors",
+    "rapids_attn/patterns/weights/pattern_cnn.json",
+]
 #: code that runs from the checkout only and must not ship
-NOT_SHIPPED = ["rapids_attn/bench/", "rapids_attn/patterns/train.py", "rapids_attn/patterns/evaluate.py",
-               "rapids_attn/patterns/real_maps.py", "benchmarks/", "tools/", "configs/"]
+NOT_SHIPPED = [
+    "rapids_attn/bench/",
+    "rapids_attn/patterns/train.py",
+    "rapids_attn/patterns/evaluate.py",
+    "rapids_attn/patterns/real_maps.py",
+    "benchmarks/",
+    "tools/",
+    "configs/",
+]
 
 
 def _run(cmd: list, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 class Installed:
@@ -50,8 +63,13 @@ class Installed:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH")}
         env["VIRTUAL_ENV"] = str(root)
         env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                   OMP_WAIT_POLICY="PASSIVE", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            OMP_WAIT_POLICY="PASSIVE",
+            PIP_DISABLE_PIP_VERSION_CHECK="1",
+        )
         self.env = env
 
     def run(self, *args, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -67,11 +85,26 @@ def installed(tmp_path_factory) -> Installed:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    shutil.copytree(REPO / "rapids_attn", src / "rapids_attn",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    shutil.copytree(
+        REPO / "rapids_attn", src / "rapids_attn", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    )
     dist = tmp / "dist"
-    p = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-              "--disable-pip-version-check", "-w", dist, src], cwd=tmp)
+    p = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-w",
+            dist,
+            src,
+        ],
+        cwd=tmp,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     (wheel,) = dist.glob("rapids_attn-*.whl")
 
@@ -79,12 +112,26 @@ def installed(tmp_path_factory) -> Installed:
     venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(root)
     python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     # the test venv's pip installs into the fresh interpreter's environment (pip >= 22.3: --python)
-    p = _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
-              "--disable-pip-version-check", wheel], cwd=tmp)
+    p = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            wheel,
+        ],
+        cwd=tmp,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     # then borrow every dependency from the test venv's site-packages, after the wheel's own
-    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp)
-                .stdout.strip())
+    site = Path(
+        _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).stdout.strip()
+    )
     borrowed = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (site / "zz_test_venv_dependencies.pth").write_text("".join(f"{d}\n" for d in borrowed))
     return Installed(root, wheel, python)
@@ -103,17 +150,23 @@ def test_wheel_carries_the_presets_and_data_and_nothing_of_the_checkout(installe
             text = zipfile.ZipFile(installed.wheel).read(name).decode()
             assert not re.search(r"__file__\)[^\n]*(\.parents\[|\.parent\.parent)", text), name
     # the README reads the outputs with pandas and xarray after a plain install: runtime dependencies
-    meta = zipfile.ZipFile(installed.wheel).read(
-        next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    required = {re.split(r"[\s<>=!~;\[]", line.split(":", 1)[1].strip())[0].lower()
-                for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line}
+    meta = zipfile.ZipFile(installed.wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    required = {
+        re.split(r"[\s<>=!~;\[]", line.split(":", 1)[1].strip())[0].lower()
+        for line in meta.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    }
     assert {"pandas", "xarray", "pyarrow"} <= required
 
 
 def test_rapids_attn_imports_from_the_wheel_not_the_checkout(installed, tmp_path):
-    p = installed.run("-c", "import importlib.util as u, rapids_attn; print(rapids_attn.__file__); "
-                      "print(u.find_spec('rapids_attn.bench'), u.find_spec('benchmarks'), u.find_spec('tools'))",
-                      cwd=tmp_path, timeout=120)
+    p = installed.run(
+        "-c",
+        "import importlib.util as u, rapids_attn; print(rapids_attn.__file__); "
+        "print(u.find_spec('rapids_attn.bench'), u.find_spec('benchmarks'), u.find_spec('tools'))",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     where, missing = p.stdout.splitlines()
     assert Path(where).resolve().is_relative_to(installed.root.resolve()), where
@@ -136,11 +189,13 @@ def test_quickstart_job_copied_anywhere_runs_on_the_wheel(installed, tmp_path):
     data = Path(summary["data"]["path"])
     assert data.name == "quickstart.json" and data.is_relative_to(installed.root.resolve()), data
     # the README's snippet reads the outputs
-    snippet = ("import pandas as pd, xarray as xr\n"
-               "maps = pd.read_parquet('runs/quickstart/maps.parquet')\n"
-               "per_head = maps.groupby(['layer', 'head']).cluster.agg(lambda c: c.mode()[0]).unstack()\n"
-               "ds = xr.open_zarr('runs/quickstart/store.zarr')\n"
-               "print(per_head.shape, ds.sizes['example'])\n")
+    snippet = (
+        "import pandas as pd, xarray as xr\n"
+        "maps = pd.read_parquet('runs/quickstart/maps.parquet')\n"
+        "per_head = maps.groupby(['layer', 'head']).cluster.agg(lambda c: c.mode()[0]).unstack()\n"
+        "ds = xr.open_zarr('runs/quickstart/store.zarr')\n"
+        "print(per_head.shape, ds.sizes['example'])\n"
+    )
     p = installed.run("-c", snippet, cwd=work, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["(6,", "12)", "46"]
@@ -159,16 +214,26 @@ def test_job_extends_builtin_presets_and_its_own_configs_folder(installed, tmp_p
         "# relative to this preset file\n"
         "data: {path: ../../data/questions.json, format: squad}\n"
         "extract: {shard_size: 3, thumbnail_size: 8}\n"
-        "cluster: {n_clusters: 3, k_sweep: null}\n")
+        "cluster: {n_clusters: 3, k_sweep: null}\n"
+    )
     (project / "jobs" / "tiny.yaml").write_text(
         "name: tiny\n"
         "extends: [models/minilm-l6, embedders/pooled, clusters/kmeans, local/tiny]\n"
         "explain: {head_views: 0, permutations: 0}\n"
-        "runtime: {n_workers: 1, processes: false, learn_backend: cpu}\n")
+        "runtime: {n_workers: 1, processes: false, learn_backend: cpu}\n"
+    )
     cwd = tmp_path / "somewhere-else"
     cwd.mkdir()
-    p = installed.run("-m", "rapids_attn.run", project / "jobs" / "tiny.yaml", "--set", "data.limit=6",
-                      "--set", "output.dir=out/tiny", cwd=cwd)
+    p = installed.run(
+        "-m",
+        "rapids_attn.run",
+        project / "jobs" / "tiny.yaml",
+        "--set",
+        "data.limit=6",
+        "--set",
+        "output.dir=out/tiny",
+        cwd=cwd,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     assert re.search(r"^done in [\d.]+s: 6 examples, 432 maps, 3 clusters", p.stdout, re.MULTILINE), p.stdout
     run = cwd / "out" / "tiny"

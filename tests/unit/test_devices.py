@@ -15,8 +15,9 @@ MODEL = ModelConfig(name="minilm-l6")
 
 
 def plan(extract=None, embed=None, runtime=None, model=MODEL, stages=("extract", "learn", "explain")):
-    return resolve_devices(ExtractConfig(**(extract or {})), model, EmbedConfig(**(embed or {})),
-                           RuntimeConfig(**(runtime or {})), stages)
+    return resolve_devices(
+        ExtractConfig(**(extract or {})), model, EmbedConfig(**(embed or {})), RuntimeConfig(**(runtime or {})), stages
+    )
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 from helpers import make_job
+
 from rapids_attn.job import load_job
 from rapids_attn.pipeline import run_job
 

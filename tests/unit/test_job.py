@@ -9,7 +9,6 @@ from rapids_attn.errors import JobConfigError
 from rapids_attn.job import JobConfig, builtin_presets, load_job, parse_override, preset_dirs
 
 
-
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -117,7 +116,9 @@ def test_local_preset_wins_over_builtin_and_is_found_in_a_parent_folder(tmp_path
     (tmp_path / "configs" / "clusters").mkdir(parents=True)
     write(tmp_path / "configs" / "clusters" / "kmeans.yaml", "cluster:\n  n_clusters: 3\n")
     (tmp_path / "jobs").mkdir()
-    job = write(tmp_path / "jobs" / "job.yaml", "extends: [clusters/kmeans, models/minilm-l6]\ndata:\n  path: ../d.txt\n")
+    job = write(
+        tmp_path / "jobs" / "job.yaml", "extends: [clusters/kmeans, models/minilm-l6]\ndata:\n  path: ../d.txt\n"
+    )
     cfg = load_job(job)
     assert cfg.cluster.n_clusters == 3  # configs/ of the parent folder, before the built-in clusters/kmeans
     assert cfg.model.name == "minilm-l6"  # not in the local folder: the built-in preset
@@ -147,7 +148,9 @@ def test_preset_data_path_is_relative_to_the_preset_not_the_job_or_cwd(tmp_path,
     assert cfg.data.path == (tmp_path / "files" / "d.txt").resolve()
     # the job's own relative data.path still wins, relative to the job file
     (tmp_path / "sub").mkdir()
-    cfg = load_job(write(tmp_path / "sub" / "job.yaml", "extends: [data/mine, models/minilm-l6]\ndata:\n  path: ../d.txt\n"))
+    cfg = load_job(
+        write(tmp_path / "sub" / "job.yaml", "extends: [data/mine, models/minilm-l6]\ndata:\n  path: ../d.txt\n")
+    )
     assert cfg.data.path == (tmp_path / "d.txt").resolve()
 
 
@@ -194,6 +197,14 @@ def test_run_dir_uses_name(tmp_path):
 
 def test_batching_settings_do_not_change_the_store_key(tmp_path):
     a = load_job(minimal(tmp_path))
-    b = load_job(minimal(tmp_path), ["extract.token_budget=4096", "extract.attention_budget=100000",
-                                     "extract.max_batch_size=8", "extract.device=cpu", "embed.batch_size=64"])
+    b = load_job(
+        minimal(tmp_path),
+        [
+            "extract.token_budget=4096",
+            "extract.attention_budget=100000",
+            "extract.max_batch_size=8",
+            "extract.device=cpu",
+            "embed.batch_size=64",
+        ],
+    )
     assert a.extraction_key() == b.extraction_key()

@@ -65,8 +65,22 @@ def test_outputs_maps_table_summary_and_xarray(tmp_path, tiny_bert_dir, pair_dat
     run = cfg.run_dir
     t = pq.read_table(run / "maps.parquet").to_pandas()
     assert len(t) == 20 * 2 * 2
-    assert {"example_index", "example_id", "group", "label", "layer", "head", "cluster", "x", "y",
-            "entropy", "self", "prev", "first", "sep"} <= set(t.columns)
+    assert {
+        "example_index",
+        "example_id",
+        "group",
+        "label",
+        "layer",
+        "head",
+        "cluster",
+        "x",
+        "y",
+        "entropy",
+        "self",
+        "prev",
+        "first",
+        "sep",
+    } <= set(t.columns)
     assert set(t["layer"]) == {0, 1} and set(t["head"]) == {0, 1}
     assert t["cluster"].between(0, 2).all() and t["cluster"].nunique() == 3
     assert np.isfinite(t[["x", "y"]].to_numpy()).all()
@@ -105,7 +119,7 @@ def test_truncation_is_counted(tmp_path, tiny_bert_dir, pair_data):
 
 
 def test_failed_learn_leaves_no_complete_flag(tmp_path, tiny_bert_dir, pair_data, monkeypatch):
-    import rapids_attn.learn.fit as fit
+    from rapids_attn.learn import fit
 
     cfg = _job(tmp_path, tiny_bert_dir, pair_data, "learnfail")
     run_job(cfg)

@@ -16,8 +16,10 @@ def _state():
     from transformers.utils import logging as hf_logging
 
     return {
-        "loggers": {name: logging.getLogger(name).level
-                    for name in ("transformers", "transformers.tokenization_utils_base", "distributed")},
+        "loggers": {
+            name: logging.getLogger(name).level
+            for name in ("transformers", "transformers.tokenization_utils_base", "distributed")
+        },
         "hf_progress": hf_logging.is_progress_bar_enabled(),
         "warning_filters": list(warnings.filters),
         "quantized_engine": torch.backends.quantized.engine,

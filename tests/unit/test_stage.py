@@ -4,6 +4,7 @@ cluster only for the stages that use it, and its typed result lands in summary.j
 
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ class CountStage(Stage):
 
     name = "count"
     requires = (S.CLUSTER,)
-    calls: list = []
+    calls: ClassVar[list] = []  # what the pipeline called, in order (reset by the fixture)
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -89,8 +90,9 @@ def test_a_new_stage_runs_after_the_others_and_reports(tmp_path, tiny_bert_dir, 
     assert alone["count"]["maps_per_cluster"] == counts and alone["stages"] == ["count"]
 
 
-def test_requirements_and_checks_fail_before_any_worker_starts(tmp_path, tiny_bert_dir, pair_data, with_stages,
-                                                               monkeypatch):
+def test_requirements_and_checks_fail_before_any_worker_starts(
+    tmp_path, tiny_bert_dir, pair_data, with_stages, monkeypatch
+):
     cfg = load_job(None, raw=make_job(tmp_path, tiny_bert_dir, pair_data))
     started = []
     monkeypatch.setattr(pipeline, "_start_cluster", lambda *a: started.append(a))
@@ -104,8 +106,9 @@ def test_requirements_and_checks_fail_before_any_worker_starts(tmp_path, tiny_be
     assert started == [] and not (tmp_path / "one" / "run").exists()
 
 
-def test_the_cluster_lives_until_the_last_stage_that_uses_it(tmp_path, tiny_bert_dir, pair_data, with_stages,
-                                                             monkeypatch):
+def test_the_cluster_lives_until_the_last_stage_that_uses_it(
+    tmp_path, tiny_bert_dir, pair_data, with_stages, monkeypatch
+):
     from rapids_attn.extract.stage import ExtractStage
 
     released = []

@@ -49,19 +49,29 @@ LENGTH_BUCKETS = ((8, 16), (17, 64), (65, 256), (257, 512))
 def heldout(model, meta: dict, n: int | None = None, workers: int = 2) -> dict:
     h = meta["heldout"]
     n = h["n"] if n is None else n
-    images, profile, stats, labels, lengths, causal = parallel_features(h["seed"], n, meta["image_size"], workers,
-                                                                        with_info=True)
+    images, profile, stats, labels, lengths, causal = parallel_features(
+        h["seed"], n, meta["image_size"], workers, with_info=True
+    )
     pred = predict(model, images, profile, stats)
-    ok = (pred == labels)
+    ok = pred == labels
     by_length = {}
     for lo, hi in LENGTH_BUCKETS:
         m = (lengths >= lo) & (lengths <= hi)
         by_length[f"{lo}-{hi}"] = {"n": int(m.sum()), "accuracy": float(ok[m].float().mean()) if m.any() else None}
-    by_causal = {name: {"n": int(m.sum()), "accuracy": float(ok[m].float().mean())}
-                 for name, m in (("bidirectional", ~causal), ("causal", causal)) if m.any()}
-    return {"seed": h["seed"], "n": n, "accuracy": float(ok.float().mean()), "recorded_accuracy": h["accuracy"],
-            "confusion": confusion(labels, pred, len(PATTERN_TYPES)).tolist(), "by_length": by_length,
-            "by_causality": by_causal}
+    by_causal = {
+        name: {"n": int(m.sum()), "accuracy": float(ok[m].float().mean())}
+        for name, m in (("bidirectional", ~causal), ("causal", causal))
+        if m.any()
+    }
+    return {
+        "seed": h["seed"],
+        "n": n,
+        "accuracy": float(ok.float().mean()),
+        "recorded_accuracy": h["accuracy"],
+        "confusion": confusion(labels, pred, len(PATTERN_TYPES)).tolist(),
+        "by_length": by_length,
+        "by_causality": by_causal,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -88,9 +98,18 @@ def cluster_with_pipeline(features: np.ndarray, k: int, tmp: Path, stats=None, p
     reduce, cluster = learn_sections(k)
     store = StoreConfig()
     n, d = features.shape
-    layout = StoreLayout(n_examples=n, layers=[0], heads=[0], feature_dim=d, image_size=32, thumb_size=0,
-                         shard_size=256, stat_names=list(STAT_NAMES), features_dtype=store.features_dtype,
-                         compression_level=store.compression_level)
+    layout = StoreLayout(
+        n_examples=n,
+        layers=[0],
+        heads=[0],
+        feature_dim=d,
+        image_size=32,
+        thumb_size=0,
+        shard_size=256,
+        stat_names=list(STAT_NAMES),
+        features_dtype=store.features_dtype,
+        compression_level=store.compression_level,
+    )
     path = tmp / "store.zarr"
     ids = [f"m{i}" for i in range(n)]
     create_store(path, layout, {}, "planted", {}, ids, [""] * n, [""] * n)
@@ -128,18 +147,38 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
     rows = []
     embedders = [
         ("pooled", "PooledEmbedder(32, 16) on the image", lambda: PooledEmbedder(32, 16)(images)),
-        ("resnet18 (random weights)", 'BackboneEmbedder("resnet18", "random", 64, 256) on the image',
-         lambda: BackboneEmbedder("resnet18", "random", 64, 256)(images)),
-        ("pattern-cnn", "PatternCNNEmbedder() penultimate layer; image + profile + stats",
-         lambda: PatternCNNEmbedder(weights_dir=weights_dir).embed(images, profile, stats).features),
-        ("pooled + profile + stats", "[pooled 256, profile 9, stats 10], every column standardised",
-         lambda: torch.from_numpy(standardise(torch.cat([PooledEmbedder(32, 16)(images), profile, stats], 1).numpy()))),
-        ("pooled + profile + stats, raw", "the same columns, not standardised (the stats' units dominate PCA)",
-         lambda: torch.cat([PooledEmbedder(32, 16)(images), profile, stats], 1)),
-        ("pooled / max", "the pooled image divided by its maximum (what the CNN's trunk sees)",
-         lambda: _over_max(PooledEmbedder(32, 16)(images))),
-        ("profile + stats", "[profile 9, stats 10], every column standardised",
-         lambda: torch.from_numpy(standardise(torch.cat([profile, stats], 1).numpy()))),
+        (
+            "resnet18 (random weights)",
+            'BackboneEmbedder("resnet18", "random", 64, 256) on the image',
+            lambda: BackboneEmbedder("resnet18", "random", 64, 256)(images),
+        ),
+        (
+            "pattern-cnn",
+            "PatternCNNEmbedder() penultimate layer; image + profile + stats",
+            lambda: PatternCNNEmbedder(weights_dir=weights_dir).embed(images, profile, stats).features,
+        ),
+        (
+            "pooled + profile + stats",
+            "[pooled 256, profile 9, stats 10], every column standardised",
+            lambda: torch.from_numpy(
+                standardise(torch.cat([PooledEmbedder(32, 16)(images), profile, stats], 1).numpy())
+            ),
+        ),
+        (
+            "pooled + profile + stats, raw",
+            "the same columns, not standardised (the stats' units dominate PCA)",
+            lambda: torch.cat([PooledEmbedder(32, 16)(images), profile, stats], 1),
+        ),
+        (
+            "pooled / max",
+            "the pooled image divided by its maximum (what the CNN's trunk sees)",
+            lambda: _over_max(PooledEmbedder(32, 16)(images)),
+        ),
+        (
+            "profile + stats",
+            "[profile 9, stats 10], every column standardised",
+            lambda: torch.from_numpy(standardise(torch.cat([profile, stats], 1).numpy())),
+        ),
     ]
     k = len(PATTERN_TYPES)
     for name, what, fn in embedders:
@@ -149,9 +188,17 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
         with tempfile.TemporaryDirectory() as tmp:
             pred, info = cluster_with_pipeline(feats, k, Path(tmp), stats.numpy(), profile.numpy())
         ari = float(adjusted_rand_score(truth, pred))
-        rows.append({"embedder": name, "input": what, "dim": int(feats.shape[1]), "ari": ari,
-                     "silhouette": info["silhouette"], "pca_explained_variance": info["pca_explained_variance"],
-                     "embed_seconds": round(t_embed, 1)})
+        rows.append(
+            {
+                "embedder": name,
+                "input": what,
+                "dim": int(feats.shape[1]),
+                "ari": ari,
+                "silhouette": info["silhouette"],
+                "pca_explained_variance": info["pca_explained_variance"],
+                "embed_seconds": round(t_embed, 1),
+            }
+        )
         print(f"  {name}: ARI {ari:.3f} (dim {feats.shape[1]}, embedded in {t_embed:.1f}s)", file=sys.stderr)
     return rows
 
@@ -184,8 +231,14 @@ def supervised_baselines(meta: dict, n_train: int = 10000, workers: int = 2) -> 
             ("gradient-boosted trees", HistGradientBoostingClassifier(max_iter=200, random_state=0)),
         ):
             model.fit(xtr, tr[3].numpy())
-            rows.append({"inputs": inputs, "model": model_name, "n_train": n_train,
-                         "accuracy": float(model.score(xte, te[3].numpy()))})
+            rows.append(
+                {
+                    "inputs": inputs,
+                    "model": model_name,
+                    "n_train": n_train,
+                    "accuracy": float(model.score(xte, te[3].numpy())),
+                }
+            )
     return rows
 
 
@@ -236,8 +289,11 @@ def figure(path: Path = FIGURE, n_small: int = 40, n_large: int = 300) -> Path:
                 ax.set_title(t, fontsize=9)
     for r in range(3):
         axes[r, 0].set_ylabel(row_titles[r], fontsize=7)
-    fig.suptitle("Generated attention maps, one per type (rows: queries, columns: keys; "
-                 "red / orange marks: separator / punctuation tokens)", fontsize=8)
+    fig.suptitle(
+        "Generated attention maps, one per type (rows: queries, columns: keys; "
+        "red / orange marks: separator / punctuation tokens)",
+        fontsize=8,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,22 +307,42 @@ def figure(path: Path = FIGURE, n_small: int = 40, n_large: int = 300) -> Path:
 
 def markdown(result: dict) -> str:
     h = result["heldout"]
-    out = [(f"### Held-out accuracy\n\n{h['accuracy']:.4f} on {h['n']} maps of stream {h['seed']} "
-           f"(recorded at training: {h['recorded_accuracy']:.4f})\n"),
-           "Rows true, columns predicted:\n", format_confusion(np.array(h["confusion"])), "",
-           "| subset | maps | accuracy |", "|---|---|---|"]
+    out = [
+        (
+            f"### Held-out accuracy\n\n{h['accuracy']:.4f} on {h['n']} maps of stream {h['seed']} "
+            f"(recorded at training: {h['recorded_accuracy']:.4f})\n"
+        ),
+        "Rows true, columns predicted:\n",
+        format_confusion(np.array(h["confusion"])),
+        "",
+        "| subset | maps | accuracy |",
+        "|---|---|---|",
+    ]
     for name, v in {**{f"n in {k}": v for k, v in h["by_length"].items()}, **h["by_causality"]}.items():
         out.append(f"| {name} | {v['n']} | {v['accuracy']:.4f} |")
     p = result["planted"]
-    out += ["", (f"### Planted types: {p['n']} maps of stream {p['seed']}, learn stage (PCA 32, KMeans k = "
-                f"{len(PATTERN_TYPES)}, seed 0)\n"),
-            "| embedder | input | dim | ARI vs true type | silhouette |", "|---|---|---|---|---|"]
+    out += [
+        "",
+        (
+            f"### Planted types: {p['n']} maps of stream {p['seed']}, learn stage (PCA 32, KMeans k = "
+            f"{len(PATTERN_TYPES)}, seed 0)\n"
+        ),
+        "| embedder | input | dim | ARI vs true type | silhouette |",
+        "|---|---|---|---|---|",
+    ]
     for r in p["rows"]:
         sil = f"{r['silhouette']:.3f}" if r["silhouette"] is not None else "-"
         out.append(f"| {r['embedder']} | {r['input']} | {r['dim']} | **{r['ari']:.3f}** | {sil} |")
     if "baselines" in result:
-        out += ["", (f"### Supervised baselines (fitted on {result['baselines'][0]['n_train']} training maps, "
-                    "scored on the held-out set)\n"), "| inputs | classifier | held-out accuracy |", "|---|---|---|"]
+        out += [
+            "",
+            (
+                f"### Supervised baselines (fitted on {result['baselines'][0]['n_train']} training maps, "
+                "scored on the held-out set)\n"
+            ),
+            "| inputs | classifier | held-out accuracy |",
+            "|---|---|---|",
+        ]
         for r in result["baselines"]:
             out.append(f"| {r['inputs']} | {r['model']} | {r['accuracy']:.4f} |")
     return "\n".join(out)
@@ -287,8 +363,11 @@ def main(argv=None) -> int:
     model, meta = load_pattern_cnn("cpu", args.weights)
     t0 = time.perf_counter()
     result = {"heldout": heldout(model, meta, args.n_heldout, args.workers)}
-    result["planted"] = {"n": args.n_planted, "seed": args.planted_seed,
-                         "rows": planted(args.n_planted, args.planted_seed, args.workers, args.weights)}
+    result["planted"] = {
+        "n": args.n_planted,
+        "seed": args.planted_seed,
+        "rows": planted(args.n_planted, args.planted_seed, args.workers, args.weights),
+    }
     if not args.no_baselines:
         result["baselines"] = supervised_baselines(meta, workers=args.workers)
     if args.figure is not None:

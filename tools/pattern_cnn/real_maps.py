@@ -40,12 +40,17 @@ def summarise(run_dir: Path, per_type: int = 8, seed: int = 0):
         np.add.at(per_head, (sel[:, 1], sel[:, 2]), 1)
         share_of_head = per_head / pat.shape[0]
         top = np.dstack(np.unravel_index(np.argsort(-share_of_head, axis=None), share_of_head.shape))[0][:3]
-        rows.append({
-            "type": name, "maps": len(sel), "share": len(sel) / total,
-            "mean_prob": float(prob[pat == k].mean()),
-            "heads": ", ".join(f"L{layers[a]}-H{heads[b]} ({share_of_head[a, b]:.0%})" for a, b in top
-                               if share_of_head[a, b] > 0),
-        })
+        rows.append(
+            {
+                "type": name,
+                "maps": len(sel),
+                "share": len(sel) / total,
+                "mean_prob": float(prob[pat == k].mean()),
+                "heads": ", ".join(
+                    f"L{layers[a]}-H{heads[b]} ({share_of_head[a, b]:.0%})" for a, b in top if share_of_head[a, b] > 0
+                ),
+            }
+        )
         chosen = sel[rng.choice(len(sel), min(per_type, len(sel)), replace=False)]
         picks[name] = [(int(ex_index[e]), int(la), int(he), float(prob[e, la, he])) for e, la, he in chosen]
     return g, rows, picks, layers, heads

@@ -34,7 +34,7 @@ from rapids_attn.patterns.cnn import WEIGHTS_DIR, PatternCNN, save_pattern_cnn
 from rapids_attn.patterns.generator import PATTERN_TYPES, generate_features
 
 HELDOUT_OFFSET = 1000  # held-out maps come from stream seed + 1000
-SMALL_HELDOUT = 1000   # the unit test re-generates this many held-out maps and checks the accuracy
+SMALL_HELDOUT = 1000  # the unit test re-generates this many held-out maps and checks the accuracy
 
 
 def _features_job(args):
@@ -43,8 +43,9 @@ def _features_job(args):
     return generate_features(seed, count, image_size, start=start, with_info=with_info)
 
 
-def parallel_features(seed: int, count: int, image_size: int = 32, workers: int = 2, chunk: int = 1000,
-                      with_info: bool = False):
+def parallel_features(
+    seed: int, count: int, image_size: int = 32, workers: int = 2, chunk: int = 1000, with_info: bool = False
+):
     """generate_features(seed, count) computed in ``workers`` processes (the same result whatever
     their number: every map is seeded by its own index). Call it under ``if __name__ == "__main__"``
     (the workers are spawned)."""
@@ -62,7 +63,7 @@ def predict(model: PatternCNN, images, profile, stats, batch_size: int = 4096):
     model.eval()
     out = []
     for a in range(0, images.shape[0], batch_size):
-        out.append(model(images[a:a + batch_size], profile[a:a + batch_size], stats[a:a + batch_size]).argmax(1))
+        out.append(model(images[a : a + batch_size], profile[a : a + batch_size], stats[a : a + batch_size]).argmax(1))
     return torch.cat(out)
 
 
@@ -84,14 +85,27 @@ def format_confusion(c: np.ndarray, classes=PATTERN_TYPES) -> str:
     return "\n".join(rows)
 
 
-def train(seed: int = 0, n_train: int = 50000, epochs: int = 12, n_heldout: int = 5000, batch_size: int = 256,
-          lr: float = 3e-3, image_size: int = 32, embed_dim: int = 128, width: int = 24, workers: int = 2,
-          out: Path | None = WEIGHTS_DIR, command: str | None = None, log=print) -> tuple[PatternCNN, dict]:
+def train(
+    seed: int = 0,
+    n_train: int = 50000,
+    epochs: int = 12,
+    n_heldout: int = 5000,
+    batch_size: int = 256,
+    lr: float = 3e-3,
+    image_size: int = 32,
+    embed_dim: int = 128,
+    width: int = 24,
+    workers: int = 2,
+    out: Path | None = WEIGHTS_DIR,
+    command: str | None = None,
+    log=print,
+) -> tuple[PatternCNN, dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        return _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_dim, width, workers, out,
-                      command, log)
+        return _train(
+            seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_dim, width, workers, out, command, log
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -122,7 +136,7 @@ def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_d
         perm = torch.randperm(n_train, generator=order_gen)
         total, correct, seen = 0.0, 0, 0
         for a in range(0, n_train, batch_size):
-            idx = perm[a:a + batch_size]
+            idx = perm[a : a + batch_size]
             logits = model(images[idx], profile[idx], stats[idx])
             loss = F.cross_entropy(logits, labels[idx], label_smoothing=0.05)
             opt.zero_grad(set_to_none=True)
@@ -133,8 +147,10 @@ def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_d
             correct += int((logits.argmax(1) == labels[idx]).sum())
             seen += len(idx)
         h_acc = float((predict(model, h_images, h_profile, h_stats) == h_labels).float().mean())
-        log(f"epoch {epoch + 1}/{epochs}: loss {total / seen:.4f}, train acc {correct / seen:.4f}, "
-            f"held-out acc {h_acc:.4f} ({time.perf_counter() - t1:.0f}s)")
+        log(
+            f"epoch {epoch + 1}/{epochs}: loss {total / seen:.4f}, train acc {correct / seen:.4f}, "
+            f"held-out acc {h_acc:.4f} ({time.perf_counter() - t1:.0f}s)"
+        )
     t_train = time.perf_counter() - t1
 
     pred = predict(model, h_images, h_profile, h_stats)
@@ -148,26 +164,50 @@ def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_d
         "classes": list(PATTERN_TYPES),
         "image_size": image_size,
         "architecture": {"embed_dim": embed_dim, "width": width, "parameters": n_params},
-        "normalisation": {"inputs": "profile (offsets -4..4) then stats (STAT_NAMES)",
-                          "mean": model.side_mean.tolist(), "std": model.side_std.tolist()},
-        "training": {"seed": seed, "n_train": n_train, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-                     "optimizer": "AdamW(weight_decay=1e-4), OneCycleLR, label_smoothing=0.05",
-                     "torch_threads": torch.get_num_threads(), "data_workers": workers},
-        "heldout": {"seed": h_seed, "n": n_heldout, "accuracy": acc, "confusion": conf.tolist(),
-                    "confusion_axes": "rows true, columns predicted, in the order of classes"},
+        "normalisation": {
+            "inputs": "profile (offsets -4..4) then stats (STAT_NAMES)",
+            "mean": model.side_mean.tolist(),
+            "std": model.side_std.tolist(),
+        },
+        "training": {
+            "seed": seed,
+            "n_train": n_train,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "lr": lr,
+            "optimizer": "AdamW(weight_decay=1e-4), OneCycleLR, label_smoothing=0.05",
+            "torch_threads": torch.get_num_threads(),
+            "data_workers": workers,
+        },
+        "heldout": {
+            "seed": h_seed,
+            "n": n_heldout,
+            "accuracy": acc,
+            "confusion": conf.tolist(),
+            "confusion_axes": "rows true, columns predicted, in the order of classes",
+        },
         "heldout_small": {"seed": h_seed, "n": small, "accuracy": acc_small},
-        "seconds": {"data": round(t_data, 1), "heldout_data": round(t_heldout, 1), "train": round(t_train, 1),
-                    "total": round(total_s, 1)},
-        "machine": {"cpu_count": mp.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "torch": torch.__version__},
+        "seconds": {
+            "data": round(t_data, 1),
+            "heldout_data": round(t_heldout, 1),
+            "train": round(t_train, 1),
+            "total": round(total_s, 1),
+        },
+        "machine": {
+            "cpu_count": mp.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+        },
         "command": command or "python -m tools.pattern_cnn.train",
     }
     if out is not None:
         w, m = save_pattern_cnn(model, meta, Path(out))
         log(f"wrote {w} ({w.stat().st_size / 1e6:.2f} MB) and {m}")
     log(f"held-out accuracy: {acc:.4f} on {n_heldout} maps (stream {h_seed}); first {small}: {acc_small:.4f}")
-    log(f"time: {total_s:.0f}s in all ({t_data:.0f}s training data, {t_heldout:.0f}s held-out data, "
-        f"{t_train:.0f}s training), {n_params} parameters")
+    log(
+        f"time: {total_s:.0f}s in all ({t_data:.0f}s training data, {t_heldout:.0f}s held-out data, "
+        f"{t_train:.0f}s training), {n_params} parameters"
+    )
     log("confusion matrix (rows true, columns predicted):\n" + format_confusion(conf))
     return model, meta
 
@@ -186,8 +226,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=WEIGHTS_DIR)
     args = p.parse_args(argv)
     command = "python -m tools.pattern_cnn.train " + " ".join(sys.argv[1:] if argv is None else argv)
-    train(args.seed, args.n_train, args.epochs, args.n_heldout, args.batch_size, args.lr, 32, args.embed_dim,
-          args.width, args.workers, args.out, command.strip())
+    train(
+        args.seed,
+        args.n_train,
+        args.epochs,
+        args.n_heldout,
+        args.batch_size,
+        args.lr,
+        32,
+        args.embed_dim,
+        args.width,
+        args.workers,
+        args.out,
+        command.strip(),
+    )
     return 0
 
 

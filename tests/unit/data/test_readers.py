@@ -17,20 +17,27 @@ QUICKSTART = REPO / "rapids_attn" / "data" / "quickstart.json"
 
 def squad_doc(with_impossible: bool = True) -> dict:
     def qa(qid, question, impossible):
-        out = {"id": qid, "question": question, "answers": [] if impossible else
-               [{"text": "Ann", "answer_start": 0}]}
+        out = {"id": qid, "question": question, "answers": [] if impossible else [{"text": "Ann", "answer_start": 0}]}
         if with_impossible:
             out["is_impossible"] = impossible
         return out
 
-    return {"version": "v2.0" if with_impossible else "1.1", "data": [
-        {"title": "Alpha", "paragraphs": [
-            {"context": "Ann met Bob.", "qas": [qa("a1", "Who met Bob?", False),
-                                                qa("a2", "Who met Cy?", True)]},
-            {"context": "Cy ran.", "qas": [qa("a3", "Who ran?", False)]}]},
-        {"title": "Beta", "paragraphs": [
-            {"context": "Dee sang.", "qas": [qa("b1", "Who sang?", True)]}]},
-    ]}
+    return {
+        "version": "v2.0" if with_impossible else "1.1",
+        "data": [
+            {
+                "title": "Alpha",
+                "paragraphs": [
+                    {
+                        "context": "Ann met Bob.",
+                        "qas": [qa("a1", "Who met Bob?", False), qa("a2", "Who met Cy?", True)],
+                    },
+                    {"context": "Cy ran.", "qas": [qa("a3", "Who ran?", False)]},
+                ],
+            },
+            {"title": "Beta", "paragraphs": [{"context": "Dee sang.", "qas": [qa("b1", "Who sang?", True)]}]},
+        ],
+    }
 
 
 def write_json(path: Path, obj) -> Path:
@@ -107,8 +114,7 @@ def test_jsonl_text_pair_and_named_fields(tmp_path):
         {"qid": "q2", "q": "How?", "ctx": "Thus.", "topic": "t2", "y": 0},
     ]
     path = write_jsonl(tmp_path / "data.jsonl", records)
-    examples = read_examples(path, text_fields=["q", "ctx"], id_field="qid", group_field="topic",
-                             label_field="y")
+    examples = read_examples(path, text_fields=["q", "ctx"], id_field="qid", group_field="topic", label_field="y")
     assert examples == [
         Example(id="q1", text="Why?", text_pair="Because.", group="t1", label="1"),
         Example(id="q2", text="How?", text_pair="Thus.", group="t2", label="0"),
@@ -119,8 +125,10 @@ def test_jsonl_defaults_text_field_and_index_ids_skipping_blank_lines(tmp_path):
     path = write_jsonl(tmp_path / "data.ndjson", numbered(3), blank_lines=True)
     examples = read_examples(path)
     assert [(ex.id, ex.text, ex.text_pair, ex.group, ex.label) for ex in examples] == [
-        ("0", "sentence 0", None, "", ""), ("1", "sentence 1", None, "", ""),
-        ("2", "sentence 2", None, "", "")]
+        ("0", "sentence 0", None, "", ""),
+        ("1", "sentence 1", None, "", ""),
+        ("2", "sentence 2", None, "", ""),
+    ]
 
 
 def test_jsonl_bad_line_reports_line_number(tmp_path):
@@ -139,8 +147,11 @@ def test_jsonl_non_object_line(tmp_path):
 
 def test_jsonl_missing_field_lists_existing_fields(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [{"id": "1", "q": "a", "ctx": "b"}])
-    with pytest.raises(DataError, match=r"line 1 of .*data\.jsonl has no field 'question'; set "
-                                        r"data\.text_fields .*\(found: id, q, ctx\)"):
+    with pytest.raises(
+        DataError,
+        match=r"line 1 of .*data\.jsonl has no field 'question'; set "
+        r"data\.text_fields .*\(found: id, q, ctx\)",
+    ):
         read_examples(path, text_fields=["question"])
 
 
@@ -170,8 +181,10 @@ def test_csv_with_pair_and_fields(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text('id,a,b,g\nx1,"hello, world",second,G\n\nx2,bye,again,H\n', encoding="utf-8")
     examples = read_examples(path, text_fields=["a", "b"], id_field="id", group_field="g")
-    assert examples == [Example(id="x1", text="hello, world", text_pair="second", group="G"),
-                        Example(id="x2", text="bye", text_pair="again", group="H")]
+    assert examples == [
+        Example(id="x1", text="hello, world", text_pair="second", group="G"),
+        Example(id="x2", text="bye", text_pair="again", group="H"),
+    ]
 
 
 def test_tsv_uses_tab_delimiter(tmp_path):
@@ -184,8 +197,11 @@ def test_tsv_uses_tab_delimiter(tmp_path):
 def test_csv_missing_column_lists_header(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text("sentence,label\nhi,1\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"header \(line 1\) of .*data\.csv has no field 'text'; "
-                                        r".*\(found: sentence, label\)"):
+    with pytest.raises(
+        DataError,
+        match=r"header \(line 1\) of .*data\.csv has no field 'text'; "
+        r".*\(found: sentence, label\)",
+    ):
         read_examples(path)
 
 
@@ -226,10 +242,12 @@ def test_hf_dataset_missing_field_lists_columns(tmp_path):
 
 def test_hf_dataset_dict_prefers_validation_split(tmp_path, caplog):
     datasets = pytest.importorskip("datasets")
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["train 0", "train 1"]}),
-        "validation": datasets.Dataset.from_dict({"text": ["val 0"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["train 0", "train 1"]}),
+            "validation": datasets.Dataset.from_dict({"text": ["val 0"]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     with caplog.at_level(logging.INFO, logger="rapids_attn.data.readers"):
         examples = read_examples(tmp_path / "dd")
@@ -239,10 +257,12 @@ def test_hf_dataset_dict_prefers_validation_split(tmp_path, caplog):
 
 def test_hf_dataset_dict_without_validation_uses_first_split(tmp_path, caplog):
     datasets = pytest.importorskip("datasets")
-    dd = datasets.DatasetDict({
-        "test": datasets.Dataset.from_dict({"text": ["test 0"]}),
-        "train": datasets.Dataset.from_dict({"text": ["train 0"]}),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "test": datasets.Dataset.from_dict({"text": ["test 0"]}),
+            "train": datasets.Dataset.from_dict({"text": ["train 0"]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     with caplog.at_level(logging.INFO, logger="rapids_attn.data.readers"):
         examples = read_examples(tmp_path / "dd", format="hf")
@@ -259,14 +279,17 @@ def test_hf_format_on_a_file_is_rejected(tmp_path):
 # -------------------------------------------------------------------------------------- auto detection
 
 
-@pytest.mark.parametrize("name, content, expected_text", [
-    ("a.json", json.dumps(squad_doc()), "Who met Bob?"),
-    ("a.jsonl", '{"text": "from jsonl"}\n', "from jsonl"),
-    ("a.NDJSON", '{"text": "from ndjson"}\n', "from ndjson"),
-    ("a.csv", "text\nfrom csv\n", "from csv"),
-    ("a.tsv", "text\tother\nfrom tsv\tx\n", "from tsv"),
-    ("a.txt", "from txt\n", "from txt"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected_text",
+    [
+        ("a.json", json.dumps(squad_doc()), "Who met Bob?"),
+        ("a.jsonl", '{"text": "from jsonl"}\n', "from jsonl"),
+        ("a.NDJSON", '{"text": "from ndjson"}\n', "from ndjson"),
+        ("a.csv", "text\nfrom csv\n", "from csv"),
+        ("a.tsv", "text\tother\nfrom tsv\tx\n", "from tsv"),
+        ("a.txt", "from txt\n", "from txt"),
+    ],
+)
 def test_auto_detects_format_from_suffix(tmp_path, name, content, expected_text):
     path = tmp_path / name
     path.write_text(content, encoding="utf-8")
@@ -331,8 +354,9 @@ def test_limit_applies_after_sample(tmp_path):
     assert read_examples(path, sample=20, seed=3, limit=5) == sampled[:5]
 
 
-@pytest.mark.parametrize("kwargs, name", [({"limit": 0}, "limit"), ({"sample": -2}, "sample"),
-                                          ({"limit": 2.5}, "limit")])
+@pytest.mark.parametrize(
+    "kwargs, name", [({"limit": 0}, "limit"), ({"sample": -2}, "sample"), ({"limit": 2.5}, "limit")]
+)
 def test_limit_and_sample_must_be_positive_integers(tmp_path, kwargs, name):
     path = write_jsonl(tmp_path / "data.jsonl", numbered(3))
     with pytest.raises(DataError, match=rf"data\.{name}: must be a positive integer"):
@@ -343,8 +367,9 @@ def test_limit_and_sample_must_be_positive_integers(tmp_path, kwargs, name):
 
 
 def test_duplicate_ids_are_rejected(tmp_path):
-    path = write_jsonl(tmp_path / "data.jsonl", [{"text": "a", "k": "x"}, {"text": "b", "k": "y"},
-                                                 {"text": "c", "k": "x"}])
+    path = write_jsonl(
+        tmp_path / "data.jsonl", [{"text": "a", "k": "x"}, {"text": "b", "k": "y"}, {"text": "c", "k": "x"}]
+    )
     with pytest.raises(DataError, match=r"duplicate id 'x' in .*data\.jsonl \(records 0 and 2"):
         read_examples(path, id_field="k")
 
@@ -362,10 +387,16 @@ def test_missing_path(tmp_path):
         read_examples(tmp_path / "nope.jsonl")
 
 
-@pytest.mark.parametrize("name, content", [
-    ("empty.jsonl", "\n\n"), ("empty.csv", ""), ("header_only.csv", "text\n"), ("empty.txt", "\n  \n"),
-    ("empty.json", '{"version": "v2.0", "data": []}'),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("empty.jsonl", "\n\n"),
+        ("empty.csv", ""),
+        ("header_only.csv", "text\n"),
+        ("empty.txt", "\n  \n"),
+        ("empty.json", '{"version": "v2.0", "data": []}'),
+    ],
+)
 def test_empty_dataset_is_rejected(tmp_path, name, content):
     path = tmp_path / name
     path.write_text(content, encoding="utf-8")
@@ -412,12 +443,11 @@ def test_quickstart_dataset_loads_with_valid_spans():
                     assert qa["answers"]
                 for answer in qa["answers"] + qa.get("plausible_answers", []):
                     start = answer["answer_start"]
-                    assert context[start:start + len(answer["text"])] == answer["text"], qa["id"]
+                    assert context[start : start + len(answer["text"])] == answer["text"], qa["id"]
     assert 0.15 <= n_impossible / len(examples) <= 0.35
 
 
-@pytest.mark.skipif(not SHARED_SQUAD.is_file(),
-                    reason=f"shared SQuAD 2.0 dev half not found at {SHARED_SQUAD}")
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"shared SQuAD 2.0 dev half not found at {SHARED_SQUAD}")
 def test_shared_squad_dev_half():
     examples = read_examples(SHARED_SQUAD, limit=500)
     assert len(examples) == 500

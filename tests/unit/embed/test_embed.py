@@ -224,8 +224,9 @@ def test_int8_is_for_backbones_only(tmp_path):
 
 
 def test_preflight_skips_the_int8_calibration():
-    emb = build_embedder(EmbedConfig(name="resnet18", weights="random", precision="int8"), image_size=8,
-                         precision="int8", prepare=False)
+    emb = build_embedder(
+        EmbedConfig(name="resnet18", weights="random", precision="int8"), image_size=8, precision="int8", prepare=False
+    )
     assert not any(type(m).__module__.startswith("torch.ao.nn") for m in emb.net.modules())
 
 

@@ -24,7 +24,7 @@ def test_pattern_cnn_embeds_and_classifies():
 
 
 def test_missing_weights_are_a_user_error(monkeypatch, tmp_path):
-    import rapids_attn.patterns.cnn as cnn
+    from rapids_attn.patterns import cnn
 
     monkeypatch.setattr(cnn, "WEIGHTS_DIR", tmp_path)
     monkeypatch.setattr(cnn, "WEIGHTS_FILE", tmp_path / "pattern_cnn.safetensors")

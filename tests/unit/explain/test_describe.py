@@ -14,14 +14,29 @@ from rapids_attn.store.zarr_store import StoreLayout, create_store, encode_thumb
 
 E, L, H = 40, 2, 2  # head (0,0) is always cluster 0 (a fixed-pattern head); the others depend on the example
 STAT_NAMES = ["entropy", "sep", "prev"]
-SWEEP = {"k": [2, 3, 4], "inertia": [9.0, 5.5, 4.0], "silhouette": [0.41, 0.52, None], "best_silhouette_k": 3,
-         "n": 160, "chosen": 3}
+SWEEP = {
+    "k": [2, 3, 4],
+    "inertia": [9.0, 5.5, 4.0],
+    "silhouette": [0.41, 0.52, None],
+    "best_silhouette_k": 3,
+    "n": 160,
+    "chosen": 3,
+}
 
 
 def known_store(tmp_path, dominated_group: bool = False, sweep: bool = False):
     """Returns (group, cluster, stats, reduced, groups, labels) with every planted array."""
-    layout = StoreLayout(n_examples=E, layers=[0, 1], heads=[0, 1], feature_dim=2, image_size=4, thumb_size=4,
-                         shard_size=16, stat_names=STAT_NAMES, features_dtype="float32")
+    layout = StoreLayout(
+        n_examples=E,
+        layers=[0, 1],
+        heads=[0, 1],
+        feature_dim=2,
+        image_size=4,
+        thumb_size=4,
+        shard_size=16,
+        stat_names=STAT_NAMES,
+        features_dtype="float32",
+    )
     groups = ["A" if i < 10 else "B" if i < 25 else "C" for i in range(E)]
     labels = ["yes" if i % 2 else "no" for i in range(E)]
     g = create_store(tmp_path / "s.zarr", layout, {}, "k", {}, [f"e{i}" for i in range(E)], groups, labels)
@@ -43,9 +58,12 @@ def known_store(tmp_path, dominated_group: bool = False, sweep: bool = False):
     det[::2, 1, 1, 1] = 0.1
     for s in range(layout.n_shards):
         a, b = layout.shard_rows(s)
-        write_shard(str(tmp_path / "s.zarr"), layout, s,
-                    {STATS: stats[a:b], THUMBNAILS: encode_thumbnails(thumbs[a:b].astype(np.float32)),
-                     DETECTORS: det[a:b]})
+        write_shard(
+            str(tmp_path / "s.zarr"),
+            layout,
+            s,
+            {STATS: stats[a:b], THUMBNAILS: encode_thumbnails(thumbs[a:b].astype(np.float32)), DETECTORS: det[a:b]},
+        )
     create_array(g, CLUSTER, cluster.shape, chunks=(16, L, H), data=cluster)
     red = np.zeros((E, L, H, 2), dtype=np.float32)
     red[..., 0] = cluster
@@ -128,8 +146,11 @@ def _assert_same(actual, expected, where="d"):
 
 def _expected_summary(cluster, stats, red, groups, labels, cfg, seed):
     """What summary.json has always carried for this store, computed from the planted arrays by brute force."""
-    words = {"entropy": "attention entropy (nats)", "sep": "attends to separator / end tokens",
-             "prev": "attends to the previous token"}
+    words = {
+        "entropy": "attention entropy (nats)",
+        "sep": "attends to separator / end tokens",
+        "prev": "attends to the previous token",
+    }
     flat_stats = stats.reshape(-1, 3).astype(np.float64)
     overall = flat_stats.mean(0)
     std = np.maximum(flat_stats.std(0), 1e-12)
@@ -142,20 +163,38 @@ def _expected_summary(cluster, stats, red, groups, labels, cfg, seed):
         size = int(m.sum())
         means = flat_stats[m.reshape(-1)].mean(0)
         z = (means - overall) / std
-        sig = [{"stat": STAT_NAMES[j], "label": words[STAT_NAMES[j]], "mean": float(means[j]),
-                "overall": float(overall[j]), "z": float(z[j])} for j in sorted(range(3), key=lambda j: -abs(z[j]))]
-        heads = sorted(((la, he) for la in range(L) for he in range(H) if m[:, la, he].any()),
-                       key=lambda lh: -m[:, lh[0], lh[1]].sum())
-        top_heads = [{"layer": la, "head": he, "share_of_head": float(m[:, la, he].mean()),
-                      "share_of_cluster": float(m[:, la, he].sum() / size)} for la, he in heads[:8]]
+        sig = [
+            {
+                "stat": STAT_NAMES[j],
+                "label": words[STAT_NAMES[j]],
+                "mean": float(means[j]),
+                "overall": float(overall[j]),
+                "z": float(z[j]),
+            }
+            for j in sorted(range(3), key=lambda j: -abs(z[j]))
+        ]
+        heads = sorted(
+            ((la, he) for la in range(L) for he in range(H) if m[:, la, he].any()),
+            key=lambda lh: -m[:, lh[0], lh[1]].sum(),
+        )
+        top_heads = [
+            {
+                "layer": la,
+                "head": he,
+                "share_of_head": float(m[:, la, he].mean()),
+                "share_of_cluster": float(m[:, la, he].sum() / size),
+            }
+            for la, he in heads[:8]
+        ]
         layer_share = {la: float(m[:, la].sum() / size) for la in range(L) if m[:, la].any()}
         by_share = sorted(layer_share.items(), key=lambda x: -x[1])
         top_layers = [{"layer": la, "share_of_cluster": s} for la, s in by_share]
-        main = [la for la, _ in by_share[:1 if by_share[0][1] >= 0.6 else 2]]  # 60% of the cluster (two layers here)
+        main = [la for la, _ in by_share[: 1 if by_share[0][1] >= 0.6 else 2]]  # 60% of the cluster (two layers here)
         cum = sum(layer_share[la] for la in main)
         span = f"layer {main[0]}" if len(main) == 1 else f"layers {min(main)}-{max(main)}"
-        heads_txt = ", ".join(f"L{h['layer']}-H{h['head']} ({h['share_of_head']:.0%} of its maps)"
-                              for h in top_heads[:3])
+        heads_txt = ", ".join(
+            f"L{h['layer']}-H{h['head']} ({h['share_of_head']:.0%} of its maps)" for h in top_heads[:3]
+        )
         g_values, g_counts = np.unique(ex_groups[m], return_counts=True)
         top = str(g_values[g_counts.argmax()])
         share, overall_share = float(g_counts.max() / size), groups.count(top) / E
@@ -163,21 +202,39 @@ def _expected_summary(cluster, stats, red, groups, labels, cfg, seed):
         members = np.flatnonzero(m.reshape(-1))
         vecs = red.reshape(-1, 2)[members].astype(np.float64)
         dist = ((vecs - vecs.mean(0)) ** 2).sum(1)
-        assert (np.diff(np.sort(dist)[:cfg.head_views + 1]) > 0).all()  # no tie among the ones picked
-        nearest = members[np.argsort(dist)][:cfg.head_views]
-        clusters.append({
-            "id": int(c), "size": size, "share": size / (E * L * H),
-            "summary": "; ".join(f"{s['label']}: {s['mean']:.2f} vs {s['overall']:.2f} overall" for s in sig),
-            "signature": sig, "means": {s: float(means[j]) for j, s in enumerate(STAT_NAMES)},
-            "top_heads": top_heads, "top_layers": top_layers,
-            "dominant_description": f"mostly {span} ({cum:.0%} of its maps); top heads {heads_txt}",
-            "groups": {"top": top, "share": share, "overall_share": overall_share,
-                       "dominated": share > cfg.group_dominance and share >= 2 * overall_share},
-            "labels": {v: float((ex_labels[m] == v).mean()) for v in ("no", "yes")},
-            "patterns": {}, "pattern": None,
-            "exemplar_examples": [{"example_index": int(f // (L * H)), "example_id": f"e{f // (L * H)}",
-                                   "layer": int(f % (L * H) // H), "head": int(f % H)} for f in nearest],
-        })
+        assert (np.diff(np.sort(dist)[: cfg.head_views + 1]) > 0).all()  # no tie among the ones picked
+        nearest = members[np.argsort(dist)][: cfg.head_views]
+        clusters.append(
+            {
+                "id": int(c),
+                "size": size,
+                "share": size / (E * L * H),
+                "summary": "; ".join(f"{s['label']}: {s['mean']:.2f} vs {s['overall']:.2f} overall" for s in sig),
+                "signature": sig,
+                "means": {s: float(means[j]) for j, s in enumerate(STAT_NAMES)},
+                "top_heads": top_heads,
+                "top_layers": top_layers,
+                "dominant_description": f"mostly {span} ({cum:.0%} of its maps); top heads {heads_txt}",
+                "groups": {
+                    "top": top,
+                    "share": share,
+                    "overall_share": overall_share,
+                    "dominated": share > cfg.group_dominance and share >= 2 * overall_share,
+                },
+                "labels": {v: float((ex_labels[m] == v).mean()) for v in ("no", "yes")},
+                "patterns": {},
+                "pattern": None,
+                "exemplar_examples": [
+                    {
+                        "example_index": int(f // (L * H)),
+                        "example_id": f"e{f // (L * H)}",
+                        "layer": int(f % (L * H) // H),
+                        "head": int(f % H),
+                    }
+                    for f in nearest
+                ],
+            }
+        )
     occ = np.stack([(cluster == c).mean(0) for c in sorted(ids)])  # [cluster by id, layer, head]
     with np.errstate(divide="ignore", invalid="ignore"):
         entropy = -np.where(occ > 0, occ * np.log(occ), 0.0).sum(0)
@@ -185,22 +242,38 @@ def _expected_summary(cluster, stats, red, groups, labels, cfg, seed):
     induction = [[math.nan, math.nan], [0.9, 0.1]]  # as planted on the even examples; layer 0 never defined
     flat_cluster = cluster.reshape(-1).astype(np.int64)
     return {
-        "layers": [0, 1], "heads": [0, 1], "stat_names": STAT_NAMES, "stat_labels": words,
+        "layers": [0, 1],
+        "heads": [0, 1],
+        "stat_names": STAT_NAMES,
+        "stat_labels": words,
         "global_means": {s: float(overall[j]) for j, s in enumerate(STAT_NAMES)},
         "clusters": clusters,
-        "heads_table": {"dominant_cluster": np.array(sorted(ids))[occ.argmax(0)].tolist(),
-                        "consistency": np.round(1 - entropy / math.log(len(ids)), 4).tolist()},
-        "metadata": {"label": metadata_association(flat_cluster, np.array(labels), L * H, cfg.permutations, seed),
-                     "group": metadata_association(flat_cluster, np.array(groups), L * H, cfg.permutations, seed),
-                     "probe_examples_excluded": 0},
-        "warnings": [f"cluster {c['id']}: {c['groups']['share']:.0%} of its maps come from group "
-                     f"'{c['groups']['top']}' ({c['groups']['overall_share']:.0%} overall): a trivial cluster from "
-                     "shared contexts? Consider reduce.sample_by: group" for c in clusters if c["groups"]["dominated"]],
+        "heads_table": {
+            "dominant_cluster": np.array(sorted(ids))[occ.argmax(0)].tolist(),
+            "consistency": np.round(1 - entropy / math.log(len(ids)), 4).tolist(),
+        },
+        "metadata": {
+            "label": metadata_association(flat_cluster, np.array(labels), L * H, cfg.permutations, seed),
+            "group": metadata_association(flat_cluster, np.array(groups), L * H, cfg.permutations, seed),
+            "probe_examples_excluded": 0,
+        },
+        "warnings": [
+            f"cluster {c['id']}: {c['groups']['share']:.0%} of its maps come from group "
+            f"'{c['groups']['top']}' ({c['groups']['overall_share']:.0%} overall): a trivial cluster from "
+            "shared contexts? Consider reduce.sample_by: group"
+            for c in clusters
+            if c["groups"]["dominated"]
+        ],
         "k_sweep": SWEEP,
-        "detectors": {"names": ["prev", "dup", "induction"],
-                      "scores": {"prev": np.round(prev, 4).tolist(), "dup": np.full((L, H), np.nan).tolist(),
-                                 "induction": induction},
-                      "examples": {"prev": E, "dup": 0, "induction": E // 2}},
+        "detectors": {
+            "names": ["prev", "dup", "induction"],
+            "scores": {
+                "prev": np.round(prev, 4).tolist(),
+                "dup": np.full((L, H), np.nan).tolist(),
+                "induction": induction,
+            },
+            "examples": {"prev": E, "dup": 0, "induction": E // 2},
+        },
     }
 
 

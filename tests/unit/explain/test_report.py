@@ -42,11 +42,16 @@ def fake_overview(total: int) -> RunOverview:
         model={"name": "tiny-bert", "n_layers": 2, "n_heads": 3},
         data={"path": "/data/pairs.jsonl", "format": "jsonl"},
         counts={"examples": 10, "maps": total, "layers": 2, "heads": 3, "truncated_examples": 0, "mean_tokens": 21.5},
-        backend={"extract_devices": ["cpu"], "learn": "sklearn",
-                 "runtime": {"cluster": "local", "n_workers": 1, "dashboard": "http://127.0.0.1:8787/status"}},
+        backend={
+            "extract_devices": ["cpu"],
+            "learn": "sklearn",
+            "runtime": {"cluster": "local", "n_workers": 1, "dashboard": "http://127.0.0.1:8787/status"},
+        },
         seconds={"preflight": 1.0, "extract": 45.6, "learn": 2.0, "explain": 0.1},
-        clustering=ClusteringOverview(coords="umap", method="kmeans", n_clusters=3, silhouette=0.22, noise_share=0.0,
-                                      embedder="pooled"))
+        clustering=ClusteringOverview(
+            coords="umap", method="kmeans", n_clusters=3, silhouette=0.22, noise_share=0.0, embedder="pooled"
+        ),
+    )
 
 
 def fake_describe(thumbs: bool = True, noise: bool = False) -> tuple[RunOverview, Findings, FigureArrays]:
@@ -59,36 +64,77 @@ def fake_describe(thumbs: bool = True, noise: bool = False) -> tuple[RunOverview
     groups = ["Normans", EVIL, "Tide & <pools>", "Normans"]
     clusters = []
     for k, (cid, size) in enumerate(zip(ids, sizes)):
-        clusters.append(ClusterFinding(
-            id=cid, size=size, share=size / total,
-            summary=f"attends to [SEP]/EOS: 0.{k + 5}1 vs 0.18 overall; low entropy <{k}>",
-            signature=[SignatureItem(stat="sep", label="attends to [SEP]/EOS", mean=0.71, overall=0.18, z=2.3),
-                       SignatureItem(stat="entropy", label="entropy", mean=0.9, overall=2.1, z=-1.7)],
-            means={s: float(rng.uniform(0, 2)) for s in STATS},
-            top_heads=[HeadShare(layer=1, head=k % 3, share_of_head=0.98, share_of_cluster=0.4)],
-            top_layers=[LayerShare(layer=1, share_of_cluster=0.6), LayerShare(layer=0, share_of_cluster=0.4)],
-            dominant_description=f"layers 1-{k}; heads 1.{k}, 0.2",
-            groups=GroupShare(top=groups[k], share=0.12, overall_share=0.08, dominated=k == 1),
-            labels={"answerable": 0.48, "impossible": 0.52}, patterns={}, pattern=None,
-            exemplar_examples=[ExemplarRef(example_index=1, example_id="q1", layer=1, head=k % 3)]))
+        clusters.append(
+            ClusterFinding(
+                id=cid,
+                size=size,
+                share=size / total,
+                summary=f"attends to [SEP]/EOS: 0.{k + 5}1 vs 0.18 overall; low entropy <{k}>",
+                signature=[
+                    SignatureItem(stat="sep", label="attends to [SEP]/EOS", mean=0.71, overall=0.18, z=2.3),
+                    SignatureItem(stat="entropy", label="entropy", mean=0.9, overall=2.1, z=-1.7),
+                ],
+                means={s: float(rng.uniform(0, 2)) for s in STATS},
+                top_heads=[HeadShare(layer=1, head=k % 3, share_of_head=0.98, share_of_cluster=0.4)],
+                top_layers=[LayerShare(layer=1, share_of_cluster=0.6), LayerShare(layer=0, share_of_cluster=0.4)],
+                dominant_description=f"layers 1-{k}; heads 1.{k}, 0.2",
+                groups=GroupShare(top=groups[k], share=0.12, overall_share=0.08, dominated=k == 1),
+                labels={"answerable": 0.48, "impossible": 0.52},
+                patterns={},
+                pattern=None,
+                exemplar_examples=[ExemplarRef(example_index=1, example_id="q1", layer=1, head=k % 3)],
+            )
+        )
     det = {"prev": np.full((2, 3), 0.3), "dup": np.full((2, 3), 0.2), "induction": np.full((2, 3), np.nan)}
     findings = Findings(
-        layers=layers, heads=heads, stat_names=STATS, stat_labels={s: f"label of {s}" for s in STATS},
-        global_means={s: float(rng.uniform(0, 2)) for s in STATS}, clusters=clusters,
-        heads_table=HeadTable(dominant_cluster=np.array([[2, 0, 1], [2, 2, -1 if noise else 0]]),
-                              consistency=np.array([[0.9, 0.5, 0.1], [1.0, 0.0, 0.33]])),
+        layers=layers,
+        heads=heads,
+        stat_names=STATS,
+        stat_labels={s: f"label of {s}" for s in STATS},
+        global_means={s: float(rng.uniform(0, 2)) for s in STATS},
+        clusters=clusters,
+        heads_table=HeadTable(
+            dominant_cluster=np.array([[2, 0, 1], [2, 2, -1 if noise else 0]]),
+            consistency=np.array([[0.9, 0.5, 0.1], [1.0, 0.0, 0.33]]),
+        ),
         metadata=MetadataFindings(
             # explain.permutations: 0, so only the per-map chi-square p
-            label=MetadataTest(mutual_info=0.02, nmi=0.01, p_permutation=None, permutations=0, chi2=12.3,
-                               chi2_p_maps=0.004, dof=2, n_maps=total, n_values=2),
+            label=MetadataTest(
+                mutual_info=0.02,
+                nmi=0.01,
+                p_permutation=None,
+                permutations=0,
+                chi2=12.3,
+                chi2_p_maps=0.004,
+                dof=2,
+                n_maps=total,
+                n_values=2,
+            ),
             # a permutation p over examples beside the per-map chi-square p
-            group=MetadataTest(mutual_info=0.001, nmi=0.001, p_permutation=0.52, permutations=200, chi2=1.3,
-                               chi2_p_maps=0.001, dof=4, n_maps=total, n_values=3),
-            probe_examples_excluded=0),
+            group=MetadataTest(
+                mutual_info=0.001,
+                nmi=0.001,
+                p_permutation=0.52,
+                permutations=200,
+                chi2=1.3,
+                chi2_p_maps=0.001,
+                dof=4,
+                n_maps=total,
+                n_values=3,
+            ),
+            probe_examples_excluded=0,
+        ),
         warnings=[f"cluster 0: 61% of its maps come from group '{EVIL}' (8% overall): a trivial cluster?"],
-        k_sweep=KSweep(k=[2, 3, 4, 5], inertia=[100.0, 70.0, 60.0, 55.0], silhouette=[0.3, 0.22, 0.2, None],
-                       best_silhouette_k=2, n=60, chosen=3),
-        detectors=HeadDetectors(names=list(det), scores=det, examples={"prev": 10, "dup": 4, "induction": 0}))
+        k_sweep=KSweep(
+            k=[2, 3, 4, 5],
+            inertia=[100.0, 70.0, 60.0, 55.0],
+            silhouette=[0.3, 0.22, 0.2, None],
+            best_silhouette_k=2,
+            n=60,
+            chosen=3,
+        ),
+        detectors=HeadDetectors(names=list(det), scores=det, examples={"prev": 10, "dup": 4, "induction": 0}),
+    )
     K, m, t, n = len(clusters), 4, 8, 500
     ex = rng.random((K, m, t, t), dtype=np.float32)
     ex[0, 3] = np.nan  # a cluster with fewer exemplars than slots
@@ -97,10 +143,14 @@ def fake_describe(thumbs: bool = True, noise: bool = False) -> tuple[RunOverview
         exemplar_thumbs=ex if thumbs else None,
         exemplar_info=[[(i, 1, j % 3) for i in range(m)] for j in range(K)],
         occupancy=rng.random((K, 2, 3), dtype=np.float32),
-        scatter=ScatterSample(x=rng.normal(size=n).astype(np.float32), y=rng.normal(size=n).astype(np.float32),
-                              cluster=rng.choice(ids, size=n).astype(np.int32),
-                              layer=rng.integers(0, 2, size=n).astype(np.int16)),
-        head_detectors=np.stack(list(det.values()), axis=-1).astype(np.float32))
+        scatter=ScatterSample(
+            x=rng.normal(size=n).astype(np.float32),
+            y=rng.normal(size=n).astype(np.float32),
+            cluster=rng.choice(ids, size=n).astype(np.int32),
+            layer=rng.integers(0, 2, size=n).astype(np.int16),
+        ),
+        head_detectors=np.stack(list(det.values()), axis=-1).astype(np.float32),
+    )
     return fake_overview(total), findings, arrays
 
 
@@ -136,7 +186,7 @@ def _assert_png(path: Path):
 def _section(page: str, anchor: str) -> str:
     start = page.index(f'id="{anchor}"')
     end = page.find('<section class="cluster"', start + 1)
-    return page[start:end if end > 0 else len(page)]
+    return page[start : end if end > 0 else len(page)]
 
 
 @pytest.mark.parametrize("noise", [False, True])
@@ -167,7 +217,7 @@ def test_report_complete_and_self_contained(tmp_path, noise):
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     assert "Tide &amp; &lt;pools&gt;" in page
     # metadata verdicts at p < 0.01, and the k sweep
-    meta = page[page.index('id="metadata"'):]
+    meta = page[page.index('id="metadata"') :]
     label_part, group_part = meta.split("Cluster vs example group")
     assert "is <b>stronger than chance</b> at p &lt; 0.01 (p = 0.004)" in label_part  # no shuffles: chi-square
     assert "Chi-square test of independence over maps" in label_part
@@ -204,8 +254,13 @@ def test_report_links_existing_head_views_only(tmp_path):
     hv = tmp_path / "report" / "headviews"
     hv.mkdir(parents=True)
     (hv / "cluster2_ex0.html").write_text("<html></html>")
-    index = write_report(tmp_path, overview, f, arrays, {2: ["headviews/cluster2_ex0.html"],
-                                                         0: ["headviews/missing.html"], 1: ["../../etc/passwd"]})
+    index = write_report(
+        tmp_path,
+        overview,
+        f,
+        arrays,
+        {2: ["headviews/cluster2_ex0.html"], 0: ["headviews/missing.html"], 1: ["../../etc/passwd"]},
+    )
     page = index.read_text(encoding="utf-8")
     assert 'href="headviews/cluster2_ex0.html"' in page
     assert "layer 1 head 0, example q1" in _section(page, report._anchor(2))  # named by its exemplar
@@ -257,11 +312,19 @@ def test_head_view_offline(tmp_path, tiny_bert_dir):
 
     examples = [
         Example(id="q0", text="Who built the castle?", text_pair="The Normans built the castle in Caen."),
-        Example(id="q1", text="When did honeybees dance?",
-                text_pair="Honeybees dance to tell the hive where flowers are."),
+        Example(
+            id="q1", text="When did honeybees dance?", text_pair="Honeybees dance to tell the hive where flowers are."
+        ),
     ]
-    items = [{"id": 3, "exemplar_examples": [{"example_index": 1, "example_id": "q1", "layer": 1, "head": 0},
-                                             {"example_index": 0, "example_id": "q0", "layer": 0, "head": 1}]}]
+    items = [
+        {
+            "id": 3,
+            "exemplar_examples": [
+                {"example_index": 1, "example_id": "q1", "layer": 1, "head": 0},
+                {"example_index": 0, "example_id": "q0", "layer": 0, "head": 1},
+            ],
+        }
+    ]
     report_dir = tmp_path / "report"
     (report_dir / "headviews").mkdir(parents=True)
     (report_dir / "headviews" / "cluster9_ex0.html").write_text("stale page of an earlier run")
@@ -292,11 +355,13 @@ def test_head_view_offline(tmp_path, tiny_bert_dir):
 def test_head_view_script_cannot_be_closed_by_a_token():
     from rapids_attn.explain.headview import offline_html
 
-    raw = ('<script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"></script><div></div>'
-           '\n<script type="text/javascript">\nrequire.config({paths: {d3: '
-           "'https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min', jquery: "
-           "'https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min'}});\n"
-           'const params = {"left_text": ["</script>", "<!--"]};\n</script>\n')
+    raw = (
+        '<script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"></script><div></div>'
+        '\n<script type="text/javascript">\nrequire.config({paths: {d3: '
+        "'https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min', jquery: "
+        "'https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min'}});\n"
+        'const params = {"left_text": ["</script>", "<!--"]};\n</script>\n'
+    )
     out = offline_html(raw)
     assert out.count("</script>") == 2
     assert '"<\\/script>"' in out and "<\\!--" in out
@@ -308,10 +373,11 @@ def test_detectors_section_names_the_strongest_head(tmp_path):
     n_l, n_h = len(f.layers), len(f.heads)
     prev = np.full((n_l, n_h), 0.1)
     prev[1, 2] = 0.97
-    f.detectors = HeadDetectors(names=["prev", "dup", "induction"],
-                                scores={"prev": prev, "dup": np.full((n_l, n_h), 0.2),
-                                        "induction": np.full((n_l, n_h), np.nan)},
-                                examples={"prev": 10, "dup": 4, "induction": 0})
+    f.detectors = HeadDetectors(
+        names=["prev", "dup", "induction"],
+        scores={"prev": prev, "dup": np.full((n_l, n_h), 0.2), "induction": np.full((n_l, n_h), np.nan)},
+        examples={"prev": 10, "dup": 4, "induction": 0},
+    )
     page = write_report(tmp_path, overview, f, arrays).read_text()
     sec = _section(page, "detectors")
     assert f"L{f.layers[1]}-H{f.heads[2]} (0.97)" in sec

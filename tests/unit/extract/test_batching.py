@@ -3,6 +3,7 @@ tokenization with truncation flags."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -65,7 +66,7 @@ def test_random_length_lists(seed):
     batches = check_batches(lengths, budget, max_bs)
     # greedy packing: a batch is only closed when the next input would break a limit
     order = [i for b in batches for i in b]
-    for b, nxt in zip(batches, batches[1:]):
+    for b, nxt in itertools.pairwise(batches):
         longest = max(lengths[i] for i in b)
         assert len(b) == max_bs or (len(b) + 1) * longest > budget
         assert lengths[nxt[0]] <= min(lengths[i] for i in b)
@@ -124,7 +125,7 @@ def test_truncation_flags_exactly_the_long_inputs(bert_tok):
             assert len(ids) == n
     # longest-first: the question survives intact, the context is cut
     q = bert_tok("who jumps over the dog?", add_special_tokens=False)["input_ids"]
-    assert tok.input_ids[1][1:1 + len(q)] == q
+    assert tok.input_ids[1][1 : 1 + len(q)] == q
 
 
 def test_input_exactly_at_max_length_is_not_truncated(bert_tok):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import make_job, write_jsonl
+
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.capture import AttentionCapture, attention_modules
 from rapids_attn.extract.maps import STAT_NAMES
@@ -106,16 +106,24 @@ def make_extractor(tmp_path, model_dir):
     from rapids_attn.extract.shard import Extractor, ShardTask
     from rapids_attn.job import JobConfig
 
-    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "question": "q", "context": "c", "topic": "t",
-                                               "answerable": True}])
+    data = write_jsonl(
+        tmp_path / "d.jsonl", [{"id": "a", "question": "q", "context": "c", "topic": "t", "answerable": True}]
+    )
     job = make_job(tmp_path, model_dir, data)
-    layout = StoreLayout(n_examples=1, layers=[0, 1], heads=[0, 1], feature_dim=16, image_size=8, thumb_size=4,
-                         shard_size=6, stat_names=list(STAT_NAMES))
+    layout = StoreLayout(
+        n_examples=1,
+        layers=[0, 1],
+        heads=[0, 1],
+        feature_dim=16,
+        image_size=8,
+        thumb_size=4,
+        shard_size=6,
+        stat_names=list(STAT_NAMES),
+    )
     return Extractor(ShardTask.from_job(JobConfig.model_validate(job), layout, max_length=64))
 
 
-@pytest.mark.parametrize("model,causal", [("tiny_bert_dir", False), ("tiny_gpt2_dir", True),
-                                          ("tiny_llama_dir", True)])
+@pytest.mark.parametrize("model,causal", [("tiny_bert_dir", False), ("tiny_gpt2_dir", True), ("tiny_llama_dir", True)])
 def test_probe_causal(request, tmp_path, model, causal):
     ex = make_extractor(tmp_path, request.getfixturevalue(model))
     assert ex.capture.mode == "hooks"

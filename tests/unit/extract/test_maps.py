@@ -48,8 +48,7 @@ def mean_distance(a: np.ndarray) -> float:
 
 
 def test_stat_names_are_the_documented_ten():
-    assert STAT_NAMES == ("entropy", "entropy_norm", "first", "sep", "punct", "self", "prev", "next",
-                          "distance", "max")
+    assert STAT_NAMES == ("entropy", "entropy_norm", "first", "sep", "punct", "self", "prev", "next", "distance", "max")
 
 
 def test_identity_map():
@@ -175,13 +174,21 @@ def random_stochastic(n: int, seed: int = 0) -> torch.Tensor:
     return a / a.sum(-1, keepdim=True)
 
 
-@pytest.mark.parametrize("n,size", [
-    (4, 16), (8, 16), (16, 16), (32, 8), (48, 16), (64, 32),  # sizes that divide: exact
-    (5, 16),    # upsampling by a non-integer factor
-    (21, 8),    # downsampling by a non-integer factor
-    (37, 32),   # the common case: n a little above image_size
-    (200, 32),  # the docstring's own example
-])
+@pytest.mark.parametrize(
+    "n,size",
+    [
+        (4, 16),
+        (8, 16),
+        (16, 16),
+        (32, 8),
+        (48, 16),
+        (64, 32),  # sizes that divide: exact
+        (5, 16),  # upsampling by a non-integer factor
+        (21, 8),  # downsampling by a non-integer factor
+        (37, 32),  # the common case: n a little above image_size
+        (200, 32),  # the docstring's own example
+    ],
+)
 def test_area_resize_preserves_the_mean(n, size):
     for a in (random_stochastic(n, seed=n), torch.eye(n)):
         out = area_resize(a, size)
@@ -204,11 +211,11 @@ def test_area_resize_keeps_block_diagonal_structure():
     n, size = 24, 8
     a = torch.zeros(n, n)
     for b in range(4):  # four 6x6 blocks
-        a[b * 6:(b + 1) * 6, b * 6:(b + 1) * 6] = 1 / 6
+        a[b * 6 : (b + 1) * 6, b * 6 : (b + 1) * 6] = 1 / 6
     out = area_resize(a, size)
     blocks = torch.zeros(size, size)
     for b in range(4):
-        blocks[b * 2:(b + 1) * 2, b * 2:(b + 1) * 2] = 1.0
+        blocks[b * 2 : (b + 1) * 2, b * 2 : (b + 1) * 2] = 1.0
     assert torch.allclose(out[blocks == 0], torch.zeros(1), atol=0)
     assert torch.allclose(out[blocks == 1], torch.tensor(1 / 6), atol=1e-6)
 
@@ -229,8 +236,9 @@ def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
     lengths = [3, 5]
     ids = torch.tensor([[1, 2, 1, 0, 0], [1, 2, 3, 1, 2]])
     masks = TokenMasks.from_ids(ids, torch.tensor([3]), torch.tensor([2]))
-    red = LayerReducer(lengths, masks, layers=[1, 2], heads=[2, 0], image_size=4, thumb_size=2,
-                       causal=False, device="cpu")
+    red = LayerReducer(
+        lengths, masks, layers=[1, 2], heads=[2, 0], image_size=4, thumb_size=2, causal=False, device="cpu"
+    )
     g = torch.Generator().manual_seed(0)
     ws = {layer: torch.softmax(torch.randn(2, 3, 5, 5, generator=g), -1) for layer in (1, 2)}
     for w in ws.values():
@@ -339,8 +347,9 @@ def test_bpe_multibyte_punctuation_tokens_are_punctuation():
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["don’t say “yes” — or ‘no’."] * 20, vocab_size=300, min_frequency=1,
-                            special_tokens=["<|endoftext|>"])
+    bpe.train_from_iterator(
+        ["don’t say “yes” — or ‘no’."] * 20, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"]
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
     punct = set(punctuation_ids(tok).tolist())
     for text, mark in (("don’t", "’"), ("“yes”", "”")):
@@ -362,12 +371,21 @@ def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal:
     ent_norm = (ent_rows[:, valid] / torch.log(seen[valid])).mean(-1) if valid.any() else torch.zeros(h)
     idx = torch.arange(n).float()
     dist = (idx[None, :] - idx[:, None]).abs()
-    return torch.stack([
-        ent_rows.mean(-1), ent_norm, a[:, :, 0].mean(-1), a[:, :, sep].sum(-1).mean(-1),
-        a[:, :, punct].sum(-1).mean(-1), a.diagonal(dim1=-2, dim2=-1).mean(-1),
-        a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),  # no previous token
-        a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),
-        (a * dist).sum(-1).mean(-1), a.amax(-1).mean(-1)], dim=-1)
+    return torch.stack(
+        [
+            ent_rows.mean(-1),
+            ent_norm,
+            a[:, :, 0].mean(-1),
+            a[:, :, sep].sum(-1).mean(-1),
+            a[:, :, punct].sum(-1).mean(-1),
+            a.diagonal(dim1=-2, dim2=-1).mean(-1),
+            a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),  # no previous token
+            a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),
+            (a * dist).sum(-1).mean(-1),
+            a.amax(-1).mean(-1),
+        ],
+        dim=-1,
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -66,8 +66,9 @@ def long_context_config(tmp_path) -> Path:
     """A config-only folder for a BERT with 4096 positions (describe_model reads nothing else)."""
     from transformers import BertConfig
 
-    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=4096).save_pretrained(tmp_path / "long")
+    BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=4096
+    ).save_pretrained(tmp_path / "long")
     return tmp_path / "long"
 
 
@@ -136,8 +137,13 @@ def test_hub_id_described_and_loaded_offline(fake_hub, tiny_bert_dir):
     cfg = ModelConfig(name="testorg/tiny-bert")
     assert resolve_model_name(cfg.name) == "testorg/tiny-bert"
     info = describe_model(cfg)
-    assert (info.source, info.model_type, info.n_layers, info.n_heads, info.max_length) == \
-        ("testorg/tiny-bert", "bert", 2, 2, 128)
+    assert (info.source, info.model_type, info.n_layers, info.n_heads, info.max_length) == (
+        "testorg/tiny-bert",
+        "bert",
+        2,
+        2,
+        128,
+    )
     model = load_model(cfg, "cpu", "float32")
     assert model.config.num_hidden_layers == 2
     ref = load_model(ModelConfig(name=str(tiny_bert_dir)), "cpu", "float32")

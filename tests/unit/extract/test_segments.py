@@ -20,7 +20,7 @@ def test_pairs_have_segment_ids_and_the_model_sees_them(tmp_path, tiny_bert_dir,
     t = tokenize(tok, [Example("a", "what is it?", "it is a test of segments.")], 64)
     types = t.token_type_ids[0]
     sep = t.input_ids[0].index(tok.sep_token_id)
-    assert types[: sep + 1] == [0] * (sep + 1) and set(types[sep + 1:]) == {1}
+    assert types[: sep + 1] == [0] * (sep + 1) and set(types[sep + 1 :]) == {1}
     assert t.batch([0]) == {"input_ids": t.input_ids, "token_type_ids": t.token_type_ids}
 
     ex = Extractor(ShardTask.from_job(cfg, ctx.layout, ctx.model.max_length))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import make_job, write_jsonl
+
 from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import tokenize
 from rapids_attn.extract.maps import STAT_NAMES, TokenMasks, area_resize, map_stats
@@ -19,8 +19,7 @@ from rapids_attn.store.zarr_store import StoreLayout
 ATOL = 1e-5
 EXAMPLES = [
     Example("short", "who ran?", "ann ran."),
-    Example("long", "when was the printing press invented?",
-            "in the fifteenth century, in mainz. " * 3),
+    Example("long", "when was the printing press invented?", "in the fifteenth century, in mainz. " * 3),
     Example("mid", "what do honeybees do?", "honeybees dance to tell the hive where the flowers are."),
     Example("tiny", "why?", "so."),
 ]
@@ -33,11 +32,21 @@ def extractor(request, tmp_path_factory):
 
     model_dir = request.getfixturevalue(request.param)
     tmp = tmp_path_factory.mktemp("inv")
-    data = write_jsonl(tmp / "d.jsonl", [{"id": e.id, "question": e.text, "context": e.text_pair, "topic": "t",
-                                          "answerable": True} for e in EXAMPLES])
+    data = write_jsonl(
+        tmp / "d.jsonl",
+        [{"id": e.id, "question": e.text, "context": e.text_pair, "topic": "t", "answerable": True} for e in EXAMPLES],
+    )
     job = make_job(tmp, model_dir, data, extract={"image_size": 16, "thumbnail_size": 4})
-    layout = StoreLayout(n_examples=len(EXAMPLES), layers=[0, 1], heads=[0, 1], feature_dim=16, image_size=16,
-                         thumb_size=4, shard_size=6, stat_names=list(STAT_NAMES))
+    layout = StoreLayout(
+        n_examples=len(EXAMPLES),
+        layers=[0, 1],
+        heads=[0, 1],
+        feature_dim=16,
+        image_size=16,
+        thumb_size=4,
+        shard_size=6,
+        stat_names=list(STAT_NAMES),
+    )
     ex = Extractor(ShardTask.from_job(JobConfig.model_validate(job), layout, max_length=128))
     ex.test_name = request.param
     return ex

@@ -1,16 +1,13 @@
 """The learn stage on planted clusters written straight into a store (no model involved)."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-import zarr
-from sklearn.metrics import adjusted_rand_score
-
 from helpers import E, H, L, learn, planted_store
+from sklearn.metrics import adjusted_rand_score
 
 from rapids_attn.devices import resolve_learn_backend
 from rapids_attn.errors import BackendUnavailableError
+
 
 def test_kmeans_recovers_planted_clusters_from_a_sample(tmp_path):
     g, truth = planted_store(tmp_path)
@@ -32,10 +29,13 @@ def test_seeded_fit_is_repeatable(tmp_path):
     np.testing.assert_array_equal(first[1], g["coords"][:])
 
 
-@pytest.mark.parametrize("method, params", [
-    ("dbscan", {"cluster.eps": 2.0, "cluster.min_samples": 3}),
-    ("hdbscan", {"cluster.min_cluster_size": 10, "cluster.min_samples": 3}),
-])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("dbscan", {"cluster.eps": 2.0, "cluster.min_samples": 3}),
+        ("hdbscan", {"cluster.min_cluster_size": 10, "cluster.min_samples": 3}),
+    ],
+)
 def test_density_methods_assign_every_map(tmp_path, method, params):
     g, truth = planted_store(tmp_path)
     info = learn(g, **{"cluster.method": method, "reduce.fit_sample": 200, **params})
@@ -69,7 +69,7 @@ def test_gpu_backend_without_gpu_is_a_user_error():
 
 
 def test_k_sweep_and_auto_pick_the_planted_k(tmp_path):
-    g, truth = planted_store(tmp_path)
+    g, _truth = planted_store(tmp_path)
     info = learn(g, **{"cluster.n_clusters": "auto", "cluster.k_sweep": "[2, 6]"})
     sweep = info["k_sweep"]
     assert sweep["k"] == [2, 3, 4, 5, 6]

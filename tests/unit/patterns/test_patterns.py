@@ -105,8 +105,10 @@ def _pure(t: str, causal: bool, count: int = 25):
 CAUSAL = [False, True]
 
 
-@pytest.mark.parametrize("t, offset, causal", [("self", 0, False), ("self", 0, True), ("prev", -1, False),
-                                                ("prev", -1, True), ("next", 1, False)])  # no causal next
+@pytest.mark.parametrize(
+    "t, offset, causal",
+    [("self", 0, False), ("self", 0, True), ("prev", -1, False), ("prev", -1, True), ("next", 1, False)],
+)  # no causal next
 def test_pure_positional_types_peak_at_their_offset(t, offset, causal):
     _, (_, profile, stats, _) = _pure(t, causal)
     assert (profile.argmax(1) == OFF[offset]).all()
@@ -208,7 +210,7 @@ def test_pattern_embedder_shapes(shipped):
     emb = PatternCNNEmbedder("cpu", batch_size=4)
     assert emb.name == "pattern-cnn" and emb.classes == PATTERN_TYPES and 64 <= emb.dim <= 128
     samples = generate(7, 10)
-    images, profile, stats, labels = featurize(samples)
+    images, profile, stats, _labels = featurize(samples)
     feats, pattern, prob = classify(emb, images, profile, stats)
     assert feats.shape == (10, emb.dim) and feats.dtype == torch.float32 and torch.isfinite(feats).all()
     assert pattern.shape == (10,) and pattern.dtype == torch.int64
@@ -251,12 +253,14 @@ def test_training_is_deterministic(tmp_path):
     from rapids_attn.patterns.cnn import load_pattern_cnn
     from tools.pattern_cnn.train import train
 
-    kw = dict(seed=3, n_train=300, epochs=1, n_heldout=50, workers=1, log=lambda *_: None)
-    m1, meta = train(out=tmp_path / "a", **kw)
+    kw = {"seed": 3, "n_train": 300, "epochs": 1, "n_heldout": 50, "workers": 1, "log": lambda *_: None}
+    m1, _meta = train(out=tmp_path / "a", **kw)
     m2, _ = train(out=tmp_path / "b", **kw)
     for (k, v), (_, w) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.equal(v, w), k
-    assert (tmp_path / "a" / "pattern_cnn.safetensors").read_bytes() == (tmp_path / "b" / "pattern_cnn.safetensors").read_bytes()
+    assert (tmp_path / "a" / "pattern_cnn.safetensors").read_bytes() == (
+        tmp_path / "b" / "pattern_cnn.safetensors"
+    ).read_bytes()
     model, meta2 = load_pattern_cnn("cpu", tmp_path / "a")
     assert meta2["training"]["seed"] == 3 and meta2["heldout"]["seed"] == 1003
     assert PatternCNNEmbedder(weights_dir=tmp_path / "a").dim == model.embed_dim
