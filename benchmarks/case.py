@@ -286,9 +286,11 @@ def case_codec(spec: dict) -> dict:
     import zarr
     from zarr.codecs import BloscCodec, ZstdCodec
 
+    from rapids_attn.store import schema as S
+
     src = zarr.open_group(spec["store"], mode="r")
-    feats = np.asarray(src["features"][:])
-    stats = np.asarray(src["stats"][:])
+    feats = np.asarray(src[S.FEATURES][:])
+    stats = np.asarray(src[S.STATS][:])
     out = []
     codecs = {
         "none": None,
@@ -329,9 +331,11 @@ def case_fidelity(spec: dict) -> dict:
     from sklearn.decomposition import PCA
     from sklearn.metrics import adjusted_rand_score
 
+    from rapids_attn.store import schema as S
+
     def features(runs: list[str]) -> np.ndarray:
         out = [
-            np.asarray(zarr.open_group(str(Path(r) / "store.zarr"), mode="r")["features"][:], dtype=np.float32)
+            np.asarray(zarr.open_group(str(Path(r) / "store.zarr"), mode="r")[S.FEATURES][:], dtype=np.float32)
             for r in runs
         ]
         return np.concatenate([f.reshape(-1, f.shape[-1]) for f in out])

@@ -14,6 +14,7 @@ import numpy as np
 import zarr
 
 from rapids_attn.data.probe import PROBE_GROUP
+from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import decode_thumbnails, read_strings
 
 #: The figure of docs/pattern-cnn.md, in the checkout this file belongs to (tools/pattern_cnn/ is two below it).
@@ -22,13 +23,13 @@ FIGURE = Path(__file__).resolve().parents[2] / "docs" / "img" / "minilm-by-type.
 
 def summarise(run_dir: Path, per_type: int = 8, seed: int = 0):
     g = zarr.open_group(str(run_dir / "store.zarr"), mode="r")
-    classes = list(g.attrs["pattern_classes"])
-    pat = np.asarray(g["pattern"][:], dtype=np.int64)  # [E, L, H]
-    prob = np.asarray(g["pattern_prob"][:], dtype=np.float32)
-    real = read_strings(g["example_group"]) != PROBE_GROUP
+    classes = list(g.attrs[S.Attr.PATTERN_CLASSES])
+    pat = np.asarray(g[S.PATTERN][:], dtype=np.int64)  # [E, L, H]
+    prob = np.asarray(g[S.PATTERN_PROB][:], dtype=np.float32)
+    real = read_strings(g[S.EXAMPLE_GROUP]) != PROBE_GROUP
     pat, prob = pat[real], prob[real]
     ex_index = np.flatnonzero(real)
-    layers, heads = [int(x) for x in g["layer"][:]], [int(x) for x in g["head"][:]]
+    layers, heads = [int(x) for x in g[S.LAYER][:]], [int(x) for x in g[S.HEAD][:]]
     rng = np.random.default_rng(seed)
     rows, picks = [], {}
     total = pat.size
@@ -67,7 +68,7 @@ def draw(g, picks: dict, layers, heads, out_png: Path) -> None:
     for r, name in enumerate(names):
         for c, (ex, la, he, p) in enumerate(picks[name]):
             ax = fig.add_subplot(len(names), cols, r * cols + c + 1)
-            t = decode_thumbnails(g["thumbnails"][ex, la, he])
+            t = decode_thumbnails(g[S.THUMBNAILS][ex, la, he])
             ax.imshow(np.sqrt(t / max(t.max(), 1e-9)), cmap="viridis", interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
