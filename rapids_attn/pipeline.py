@@ -204,7 +204,8 @@ def _summary(ctx: RunContext) -> dict:
         }
     summary = explain.to_dict()
     summary["seconds"] = {**summary.get("seconds", {}), **seconds}
-    for name, result in ctx.results.items():  # a stage's result under its name, unless explain placed it
-        summary.setdefault(name, result.to_dict())
+    for name, result in ctx.results.items():  # every other stage's result under its name
+        if name != ExplainStage.name and name not in ExplainStage.summarises:
+            summary[name] = result.to_dict()
     write_json(ctx.run_dir / "summary.json", summary)
     return summary

@@ -39,6 +39,8 @@ class ExplainStage(Stage):
         S.EXAMPLE_LABEL,
     )
     provides = S.arrays_of("explain")
+    #: stages whose results the summary already carries (extract's this_run and runs, learn's clusters)
+    summarises = ("extract", "learn")
 
     def __init__(self, explain, model, data, embed_name: str, seed: int = 0):
         self.explain_cfg = explain
