@@ -135,9 +135,11 @@ def resolve_learn_backend(pref: str, n_gpus: int | None = None) -> LearnBackend:
     return LearnBackend("sklearn", f"scikit-learn ({why})")
 
 
-def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...]) -> DevicePlan:
+def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...], reduce=None, cluster=None) -> DevicePlan:
     """The job's sections -> a :class:`DevicePlan`; a setting this machine cannot honour is a
-    one-line error here, before any worker starts."""
+    one-line error here, before any worker starts. The extraction rules apply only when the extract
+    stage runs (a store extracted on a GPU node can be clustered on a CPU machine); ``reduce`` and
+    ``cluster`` (the learn stage's sections) decide whether the fit can be spread over GPUs."""
     n_gpus = cuda_device_count()
     if extract.device == "cpu":
         device = "cpu"
@@ -147,18 +149,27 @@ def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...]) -> 
         device = "cuda"
     else:
         device = "cpu"
-    if embed.precision == "int8" and device == "cuda":
-        _int8_on("cuda")
-    if extract.device == "cuda" and runtime.cluster != "scheduler" and n_gpus == 0:
-        raise BackendUnavailableError("extract.device: cuda, but no CUDA device is visible; use auto or cpu")
+    if "extract" in stages:
+        if embed.precision == "int8" and device == "cuda":
+            _int8_on("cuda")
+        if extract.device == "cuda" and runtime.cluster != "scheduler" and n_gpus == 0:
+            raise BackendUnavailableError("extract.device: cuda, but no CUDA device is visible; use auto or cpu")
     learn = resolve_learn_backend(runtime.learn_backend, n_gpus) if "learn" in stages else None
     multi = False
-    if learn is not None and learn.gpu:
+    if learn is not None and learn.gpu and _multi_gpu_fit(reduce, cluster):
         if runtime.cluster == "local-cuda":
             multi = (runtime.n_workers or n_gpus) > 1
         elif runtime.cluster == "scheduler":
             multi = True  # decided again at fit time from the GPU workers that joined
     return DevicePlan(ExtractDevices(device, model.dtype, embed.precision), learn, multi, n_gpus)
+
+
+def _multi_gpu_fit(reduce, cluster) -> bool:
+    if reduce is None or cluster is None:
+        return False
+    from rapids_attn.learn.fit import supports_multi_gpu
+
+    return supports_multi_gpu(reduce, cluster)
 
 
 def count_gpu_workers(client) -> int:

@@ -81,24 +81,37 @@ def _read_examples(cfg: JobConfig):
 
 def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
     """Every array a stage requires comes from an earlier stage of this run, or from a stage whose
-    completion flag is set in this job's store."""
+    completion flag is set in this job's store, and that store is not about to be replaced."""
     from rapids_attn.store.zarr_store import complete_attr, foreign_store_error, inspect_store
 
-    needs = {spec.stage for st in stages for spec in st.requires} - {st.name for st in stages}
+    running = {st.name for st in stages}
+    needs = {spec.stage for st in stages for spec in st.requires} - running
     if not needs:
         return
-    state = inspect_store(ctx.store_path, ctx.key, ctx.layout)
-    if state == "different":
-        raise foreign_store_error(ctx.store_path)
-    if state != "same":  # no store yet: whatever is needed, the extract stage creates the store first
-        raise StoreError(f"{ctx.store_path}: {_HOW['extract'][0]}")
-    import zarr
+    path = ctx.store_path
+    extracting = ExtractStage.name in running
+    state = inspect_store(path, ctx.key, ctx.layout)
+    if state == "different" and not (ctx.overwrite and extracting):
+        raise foreign_store_error(path)
+    # a store this run creates (none yet, an interrupted one, or --overwrite) has nothing complete in it
+    fresh = state != "same" or (ctx.overwrite and extracting)
+    if fresh and not extracting:
+        raise StoreError(f"{path}: {_HOW['extract'][0]}")
+    attrs = {}
+    if not fresh:
+        import zarr
 
-    attrs = dict(zarr.open_group(str(ctx.store_path), mode="r").attrs)
+        attrs = dict(zarr.open_group(str(path), mode="r").attrs)
     for writer in (w for w in STAGES if w in needs):  # in stage order: report the earliest missing one
-        if not attrs.get(complete_attr(writer)):
-            how = _HOW.get(writer, (f"run the {writer} stage first (--stages {writer})",) * 2)[1]
-            raise StoreError(f"{ctx.store_path}: {how}")
+        if attrs.get(complete_attr(writer)):
+            continue
+        if fresh:
+            raise StoreError(
+                f"{path}: this run creates the store, so it holds no {writer} results yet; "
+                f"add {writer} to --stages (e.g. --stages {','.join(w for w in STAGES if w in running | needs)})"
+            )
+        how = _HOW.get(writer, (f"run the {writer} stage first (--stages {writer})",) * 2)[1]
+        raise StoreError(f"{path}: {how}")
 
 
 @dataclass
@@ -118,7 +131,7 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
     t0 = time.perf_counter()
     examples = _read_examples(cfg)
     info = describe_model(cfg.model)
-    devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages)
+    devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(examples), info.n_layers, info.n_heads, cfg.model.name)
     ctx = RunContext(
         run_dir=cfg.run_dir,

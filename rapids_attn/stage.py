@@ -104,3 +104,16 @@ class Stage(ABC):
 
     def release(self, client) -> None:
         """The cluster stays up for a later stage: free what this stage left on the workers."""
+
+    def require_complete(self, group, path: Path) -> None:
+        """At run time, before reading: every stage this one requires has its completion flag set in
+        ``group`` (preflight checked the same; this guards a store changed in between)."""
+        from rapids_attn.errors import StoreError
+        from rapids_attn.store.zarr_store import complete_attr
+
+        for writer in dict.fromkeys(spec.stage for spec in self.requires):
+            if writer != self.name and not group.attrs.get(complete_attr(writer)):
+                raise StoreError(
+                    f"{path}: the {self.name} stage needs the {writer} stage's results, and they are not "
+                    f"complete in the store; rerun with --stages {writer}"
+                )

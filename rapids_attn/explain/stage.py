@@ -62,6 +62,7 @@ class ExplainStage(Stage):
         from rapids_attn.store.zarr_store import consolidate, mark_complete
 
         g = zarr.open_group(str(ctx.store_path), mode="r+")
+        self.require_complete(g, ctx.store_path)
         n_maps = write_maps_table(g, ctx.run_dir / "maps.parquet")
         summary = build_summary(ctx, g, n_maps, self.data, self.embed_name)
         findings, arrays = describe(g, self.explain_cfg, self.seed, load_tokenizer(self.model_cfg))

@@ -109,11 +109,10 @@ class ExtractStage(Stage):
 
     def check(self, ctx: RunContext) -> None:
         from rapids_attn.runtime import check_runtime
-        from rapids_attn.store.zarr_store import foreign_store_error, inspect_store
+        from rapids_attn.store.zarr_store import store_action
 
         check_runtime(self.runtime_cfg)
-        if inspect_store(ctx.store_path, ctx.key, ctx.layout) == "different" and not ctx.overwrite:
-            raise foreign_store_error(ctx.store_path)
+        store_action(ctx.store_path, ctx.key, ctx.layout, ctx.overwrite)  # refuses what it may not touch
 
     def uses_cluster(self, ctx: RunContext) -> bool:
         return True

@@ -153,6 +153,12 @@ def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
     return reduced, coords, labels
 
 
+def supports_multi_gpu(reduce, cluster) -> bool:
+    """Whether this fit can run on cuml.dask across GPU workers: KMeans with a fixed k on the PCA
+    output. UMAP, DBSCAN, HDBSCAN and the k sweep (``n_clusters: auto``) fit in the job process."""
+    return cluster.method == "kmeans" and isinstance(cluster.n_clusters, int) and not reduce.umap.enabled
+
+
 def fit_store(
     g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int = 0, client=None, multi_gpu: bool = False
 ) -> dict:
@@ -179,7 +185,7 @@ def fit_store(
 
     t1 = time.perf_counter()
     model = _Model(reduce, cluster, seed, backend, d)
-    if multi_gpu and backend.gpu and cluster.method == "kmeans" and not reduce.umap.enabled:
+    if multi_gpu and backend.gpu and supports_multi_gpu(reduce, cluster):
         from rapids_attn.devices import count_gpu_workers
 
         if count_gpu_workers(client) > 1:

@@ -47,6 +47,7 @@ class LearnStage(Stage):
         from rapids_attn.store.zarr_store import consolidate
 
         g = zarr.open_group(str(ctx.store_path), mode="r+")
+        self.require_complete(g, ctx.store_path)
         info = fit_store(
             g,
             self.reduce_cfg,

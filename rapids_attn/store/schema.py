@@ -142,6 +142,7 @@ def arrays_of(stage: str) -> tuple[ArraySpec, ...]:
 class Attr:
     """Root attribute names (and the few array attributes)."""
 
+    CREATED_BY = "created_by"  # "rapids_attn": written first, so an interrupted creation is known to be ours
     FORMAT_VERSION = "format_version"  # int: the store layout's version
     VERSION = "rapids_attn_version"  # the package version that created the store
     LAYOUT = "layout"  # StoreLayout as a dict: the shapes

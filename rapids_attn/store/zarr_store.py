@@ -14,6 +14,9 @@ from rapids_attn.errors import StoreError
 from rapids_attn.store import schema as S
 from rapids_attn.store.schema import Attr, read_strings
 
+#: the value of the created_by attribute: marks a store (even an interrupted one) as rapids_attn's own
+CREATOR = "rapids_attn"
+
 __all__ = [
     "StoreLayout",
     "complete_attr",
@@ -104,8 +107,8 @@ def create_store(
     interrupted creation of ours, and is recreated rather than reused."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise StoreError(f"{path}: exists and is not empty; refusing to write a store over it")
-    g = zarr.open_group(str(path), mode="w", zarr_format=3)
-    g.attrs.update({Attr.FORMAT_VERSION: S.FORMAT_VERSION, Attr.VERSION: __version__})
+    marks = {Attr.CREATED_BY: CREATOR, Attr.FORMAT_VERSION: S.FORMAT_VERSION, Attr.VERSION: __version__}
+    g = zarr.open_group(str(path), mode="w", zarr_format=3, attributes=marks)  # zarr.json is born with them
     ex = layout.n_examples
     _map_array(g, S.FEATURES, layout, (layout.feature_dim,), dtype=layout.features_dtype)
     if layout.thumb_size:
@@ -177,12 +180,13 @@ def inspect_store(path: Path, key: str, layout: StoreLayout) -> str:
         attrs = dict(g.attrs)
     except Exception as e:  # noqa: BLE001 - permissions, corrupt JSON, an unknown zarr format: say so, never delete
         raise _unreadable(path, e) from None
-    if Attr.FORMAT_VERSION not in attrs and Attr.EXTRACTION_KEY not in attrs:
+    old_key = attrs.get(Attr.EXTRACTION_KEY)
+    ours = attrs.get(Attr.CREATED_BY) == CREATOR if old_key is None else Attr.VERSION in attrs
+    if not ours:
         raise StoreError(
             f"{path}: is a Zarr store, but not one made by rapids_attn; move it away or set output.dir "
             "to a new run directory (nothing was changed)"
         )
-    old_key = attrs.get(Attr.EXTRACTION_KEY)
     if old_key is None:
         return "partial"
     return "same" if old_key == key and attrs.get(Attr.LAYOUT) == asdict(layout) else "different"
@@ -195,24 +199,36 @@ def foreign_store_error(path: Path) -> StoreError:
     )
 
 
-def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> zarr.Group | None:
-    """The existing store if the same job and layout made it; None when a new one must be created.
-
-    Only what rapids_attn made is ever removed: an interrupted creation of ours (nothing in it was
-    marked done), or another job's store when ``overwrite`` is given. A store from another job
-    without ``overwrite``, an unreadable store and a folder that is not ours are refused."""
+def store_action(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> str:
+    """What the extract stage will do with ``path``, decided without changing anything: "create"
+    (nothing there), "reuse" (this job's store: resume it) or "replace" (an interrupted creation of
+    ours, or any store of ours under ``overwrite``). A store from another job without ``overwrite``,
+    a store that cannot be read, a folder that is not ours, and a replacement through a symbolic
+    link are errors. Preflight calls it, so these fail before any worker starts."""
     state = inspect_store(path, key, layout)
     if state == "absent":
-        return None
-    if state == "partial" or (state == "different" and overwrite):
-        shutil.rmtree(path)
-        return None
-    if state == "different":
+        return "create"
+    if state == "different" and not overwrite:
         raise foreign_store_error(path)
-    if overwrite:
+    if state == "same" and not overwrite:
+        return "reuse"
+    if path.is_symlink():
+        raise StoreError(
+            f"{path}: is a symbolic link, and replacing the store would delete through it; remove the link or "
+            "set output.dir to a new run directory (nothing was changed)"
+        )
+    return "replace"
+
+
+def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> zarr.Group | None:
+    """The existing store if the same job and layout made it; None when a new one must be created
+    (after removing what :func:`store_action` says may be replaced: only ever a store of ours)."""
+    action = store_action(path, key, layout, overwrite)
+    if action == "reuse":
+        return zarr.open_group(str(path), mode="r+")
+    if action == "replace":
         shutil.rmtree(path)
-        return None
-    return zarr.open_group(str(path), mode="r+")
+    return None
 
 
 def done_shards(g: zarr.Group) -> np.ndarray:

@@ -9,14 +9,28 @@ import rapids_attn
 from rapids_attn import devices
 from rapids_attn.devices import ExtractDevices, resolve_devices
 from rapids_attn.errors import BackendUnavailableError, JobConfigError
-from rapids_attn.job import EmbedConfig, ExtractConfig, ModelConfig, RuntimeConfig
+from rapids_attn.job import ClusterConfig, EmbedConfig, ExtractConfig, ModelConfig, ReduceConfig, RuntimeConfig
 
 MODEL = ModelConfig(name="minilm-l6")
 
 
-def plan(extract=None, embed=None, runtime=None, model=MODEL, stages=("extract", "learn", "explain")):
+def plan(
+    extract=None,
+    embed=None,
+    runtime=None,
+    model=MODEL,
+    stages=("extract", "learn", "explain"),
+    reduce=None,
+    cluster=None,
+):
     return resolve_devices(
-        ExtractConfig(**(extract or {})), model, EmbedConfig(**(embed or {})), RuntimeConfig(**(runtime or {})), stages
+        ExtractConfig(**(extract or {})),
+        model,
+        EmbedConfig(**(embed or {})),
+        RuntimeConfig(**(runtime or {})),
+        stages,
+        ReduceConfig(**(reduce or {})),
+        ClusterConfig(**(cluster or {})),
     )
 
 
@@ -51,6 +65,13 @@ def test_gpu_machine_plan(two_gpus_with_cuml):
     assert plan(runtime={"cluster": "local-cuda", "n_workers": 1}).multi_gpu_learn is False
     assert plan().multi_gpu_learn is False  # a LocalCluster fits on the job process's GPU
     assert plan(runtime={"learn_backend": "cpu"}).learn.name == "sklearn"
+    # only KMeans with a fixed k on the PCA output runs on cuml.dask; anything else fits in the job
+    # process, so the workers (and their RMM pools) must not be kept for it
+    cuda = {"cluster": "local-cuda"}
+    assert plan(runtime=cuda, cluster={"method": "dbscan"}).multi_gpu_learn is False
+    assert plan(runtime=cuda, cluster={"method": "hdbscan"}).multi_gpu_learn is False
+    assert plan(runtime=cuda, cluster={"n_clusters": "auto"}).multi_gpu_learn is False
+    assert plan(runtime=cuda, reduce={"umap": {"enabled": True}}).multi_gpu_learn is False
 
 
 def test_scheduler_workers_decide_their_own_device(no_gpu):
@@ -69,6 +90,11 @@ def test_int8_is_refused_wherever_extraction_would_run_on_a_gpu(monkeypatch):
     assert plan(extract={"device": "cpu"}, embed=int8, stages=("extract",)).extract.embed_precision == "int8"
     with pytest.raises(JobConfigError, match="int8 runs on the CPU only"):  # a scheduler's worker with a GPU
         ExtractDevices("worker", "auto", "int8").on_this_worker()
+
+
+def test_extract_rules_apply_only_when_extracting(no_gpu):
+    p = plan(extract={"device": "cuda"}, embed={"name": "resnet18", "precision": "int8"}, stages=("learn", "explain"))
+    assert p.learn.name == "sklearn"
 
 
 def test_cuda_asked_for_but_absent(no_gpu):

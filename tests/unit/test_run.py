@@ -94,6 +94,32 @@ def test_stages_run_separately_then_explain_rebuilds(tmp_path, capsys, tiny_bert
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
+def test_a_run_that_creates_the_store_cannot_skip_a_stage_it_needs(tmp_path, capsys, tiny_bert_dir, pair_data):
+    p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
+    assert main([str(p), "--stages", "extract,explain"]) == 2  # no store yet: learn's results cannot exist
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "holds no learn results yet; add learn to --stages" in err
+    assert not (tmp_path / "run").exists()  # refused in preflight
+    assert main([str(p)]) == 0
+    store = tmp_path / "run" / "store.zarr"
+    before = sorted(str(f.relative_to(store)) for f in store.rglob("*"))
+    capsys.readouterr()
+    # --overwrite recreates the store, so its complete clustering does not count for this run
+    assert main([str(p), "--overwrite", "--stages", "extract,explain"]) == 2
+    assert "holds no learn results yet" in capsys.readouterr().err
+    assert sorted(str(f.relative_to(store)) for f in store.rglob("*")) == before
+
+
+def test_a_gpu_extracted_store_is_clustered_on_a_cpu_machine(tmp_path, capsys, tiny_bert_dir, pair_data):
+    p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
+    assert main([str(p), "--stages", "extract"]) == 0
+    # the same job with extract.device: cuda (the extraction key ignores the device): learn and explain
+    # run no extraction, so the extract device rules do not apply here
+    assert main([str(p), "--set", "extract.device=cuda", "--stages", "learn,explain"]) == 0
+    assert main([str(p), "--set", "extract.device=cuda", "--stages", "extract"]) == 2
+    assert "extract.device: cuda" in capsys.readouterr().err
+
+
 def test_changed_job_is_refused_unless_overwrite(tmp_path, capsys, tiny_bert_dir, pair_data):
     p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
     assert main([str(p)]) == 0

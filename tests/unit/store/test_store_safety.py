@@ -75,9 +75,10 @@ def test_an_unreadable_store_on_disk_is_named_and_kept(capsys, job_path, extract
         meta.chmod(0o644)
 
 
-def test_a_zarr_store_made_by_something_else_is_refused(capsys, job_path, tmp_path):
+@pytest.mark.parametrize("attrs", [{}, {"format_version": 2}, {"format_version": 1, "owner": "someone"}])
+def test_a_zarr_store_made_by_something_else_is_refused(capsys, job_path, tmp_path, attrs):
     store = tmp_path / "run" / "store.zarr"
-    g = zarr.open_group(str(store), mode="w", zarr_format=3)
+    g = zarr.open_group(str(store), mode="w", zarr_format=3, attributes=attrs)
     g.create_array("mine", shape=(3,), dtype="int32")[:] = [1, 2, 3]
     for args in ((), ("--overwrite",)):
         err = _refused(capsys, job_path, store, *args)
@@ -93,11 +94,24 @@ def test_a_folder_of_other_files_is_refused(capsys, job_path, tmp_path):
 
 
 def test_an_interrupted_creation_of_ours_is_recreated(job_path, tmp_path):
-    from rapids_attn import __version__
-    from rapids_attn.store.schema import FORMAT_VERSION, Attr
+    from rapids_attn.store.schema import Attr
+    from rapids_attn.store.zarr_store import CREATOR
 
     store = tmp_path / "run" / "store.zarr"
-    g = zarr.open_group(str(store), mode="w", zarr_format=3)  # the first thing create_store writes
-    g.attrs.update({Attr.FORMAT_VERSION: FORMAT_VERSION, Attr.VERSION: __version__})
+    # the first thing create_store writes: the group, born with its marker
+    zarr.open_group(str(store), mode="w", zarr_format=3, attributes={Attr.CREATED_BY: CREATOR})
     assert main([str(job_path), "--stages", "extract"]) == 0
     assert zarr.open_group(str(store), mode="r").attrs["extract_complete"] is True
+
+
+def test_a_linked_store_is_not_deleted_through_the_link(capsys, job_path, extracted, tmp_path):
+    real = tmp_path / "elsewhere.zarr"
+    extracted.rename(real)
+    extracted.symlink_to(real, target_is_directory=True)
+    assert main([str(job_path), "--stages", "extract"]) == 0  # reusing it through the link is fine
+    before = snapshot(real)
+    capsys.readouterr()
+    assert main([str(job_path), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "symbolic link" in err
+    assert extracted.is_symlink() and snapshot(real) == before
