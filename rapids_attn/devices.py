@@ -106,15 +106,6 @@ class DevicePlan:
     #: GPUs visible to the job process
     n_gpus: int
 
-    def describe(self) -> dict:
-        return {
-            "extract_device": self.extract.device,
-            "learn": None if self.learn is None else self.learn.name,
-            "learn_reason": None if self.learn is None else self.learn.reason,
-            "multi_gpu_learn": self.multi_gpu_learn,
-            "gpus_visible": self.n_gpus,
-        }
-
 
 def resolve_learn_backend(pref: str, n_gpus: int | None = None) -> LearnBackend:
     """``auto``: cuML when it is importable and a GPU is visible, else scikit-learn (saying why)."""

@@ -99,7 +99,7 @@ class ExplainStage(Stage):
             data=summary["data"],
             counts=summary["counts"],
             backend=summary["backend"],
-            seconds={**summary["seconds"], **{k: round(v, 3) for k, v in ctx.timings.items()}},
+            seconds=summary["seconds"],  # build_summary took them from ctx.timings: preflight and earlier stages
             clustering=ClusteringOverview(
                 coords="umap" if c["umap"] else "pca",
                 method=c["method"],

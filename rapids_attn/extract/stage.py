@@ -8,7 +8,7 @@ done-marker. When every shard is done, the stage sets ``extract_complete``.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rapids_attn.errors import JobConfigError
 from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
@@ -24,8 +24,6 @@ class ExtractResult(StageResult):
     shards_total: int = 0
     maps_run: int = 0
     maps_per_example: int = 0
-    #: the run record also appended to the store's extract_runs attribute
-    record: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         # summary.json's extract.this_run: what this run did (the run record lives in extract.runs)
@@ -199,7 +197,6 @@ class ExtractStage(Stage):
             shards_total=layout.n_shards,
             maps_run=record["maps"],
             maps_per_example=len(layout.layers) * len(layout.heads),
-            record=record,
         )
 
     def release(self, client) -> None:

@@ -40,14 +40,6 @@ class ArraySpec(str):
     def __reduce__(self):  # pickles (e.g. inside a Dask task) as the plain name
         return (str, (str(self),))
 
-    @property
-    def name(self) -> str:
-        return str(self)
-
-    @property
-    def per_map(self) -> bool:
-        return self.dims[: len(MAP_DIMS)] == MAP_DIMS
-
 
 # -- written by the extract stage ------------------------------------------------------------------
 FEATURES = ArraySpec("features", (*MAP_DIMS, "feature"), None, "extract", 0, "the embedder's feature vector per map")
@@ -140,7 +132,9 @@ def arrays_of(stage: str) -> tuple[ArraySpec, ...]:
 
 # -- attributes ------------------------------------------------------------------------------------
 class Attr:
-    """Root attribute names (and the few array attributes)."""
+    """Root attribute names (and the few array attributes). Besides these, each stage keeps two
+    attributes named after it: ``<stage>_complete`` (:func:`complete_attr`: set when every array it
+    provides is written) and, where it has one, its result as ``<stage>`` (e.g. :attr:`LEARN`)."""
 
     CREATED_BY = "created_by"  # "rapids_attn": written first, so an interrupted creation is known to be ours
     FORMAT_VERSION = "format_version"  # int: the store layout's version
@@ -149,9 +143,7 @@ class Attr:
     MODEL = "model"  # the model's name, source, type, revision, layer and head counts
     JOB = "job"  # the resolved job that created the store
     EXTRACTION_KEY = "extraction_key"  # written last at creation: its presence marks a complete creation
-    EXTRACT_COMPLETE = "extract_complete"  # every shard marked done
     EXTRACT_RUNS = "extract_runs"  # one record per extract run: shards, devices, workers, seconds
-    LEARN_COMPLETE = "learn_complete"  # the learn stage's arrays are all written
     LEARN = "learn"  # the learn stage's result (backend, method, sizes, silhouette, k sweep, seconds)
     PATTERN_CLASSES = "pattern_classes"  # pattern-cnn: class names, indexed by the pattern array
     PATTERN_CNN_SHA = "pattern_cnn_sha256"  # pattern-cnn: hash of the weights that made the store
@@ -160,6 +152,11 @@ class Attr:
 
 
 FORMAT_VERSION = 1
+
+
+def complete_attr(stage: str) -> str:
+    """The root attribute a stage sets when every array it provides is written (``extract_complete``, ...)."""
+    return f"{stage}_complete"
 
 
 def _compressors(level: int):

@@ -12,7 +12,7 @@ import zarr
 from rapids_attn import __version__
 from rapids_attn.errors import StoreError
 from rapids_attn.store import schema as S
-from rapids_attn.store.schema import Attr, read_strings
+from rapids_attn.store.schema import Attr, complete_attr, read_strings
 
 #: the value of the created_by attribute: marks a store (even an interrupted one) as rapids_attn's own
 CREATOR = "rapids_attn"
@@ -141,11 +141,6 @@ def create_store(
     g.attrs[Attr.JOB] = job
     g.attrs[Attr.EXTRACTION_KEY] = key  # last: its presence marks a complete creation
     return g
-
-
-def complete_attr(stage: str) -> str:
-    """The root attribute a stage sets when every array it provides is written (``extract_complete``, ...)."""
-    return f"{stage}_complete"
 
 
 def _unreadable(path: Path, e: BaseException) -> StoreError:
