@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -163,25 +164,34 @@ def _multi_gpu_fit(reduce, cluster) -> bool:
     return supports_multi_gpu(reduce, cluster)
 
 
-def count_gpu_workers(client) -> int:
-    """Distinct GPUs among the Dask workers (each worker counts the GPU it runs on once)."""
-    if client is None:
-        return 0
-
-    def _gpu_id() -> str | None:
+def worker_gpu_id() -> str | None:
+    """The UUID of the GPU this process runs on (None without CUDA); run on each worker."""
+    try:
         import torch
 
         if not torch.cuda.is_available():
             return None
         i = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(i)
-        return str(getattr(props, "uuid", f"{i}"))
+        return str(getattr(props, "uuid", None) or f"cuda:{i}@{os.uname().nodename}")
+    except Exception:  # noqa: BLE001 - a worker whose CUDA cannot answer has no GPU to give
+        return None
 
+
+def gpu_ids(client) -> dict[str, str | None]:
+    """Each Dask worker's address -> the UUID of its GPU (None for a worker without one)."""
+    if client is None:
+        return {}
     try:
-        ids = client.run(_gpu_id)
+        return dict(client.run(worker_gpu_id))
     except Exception:  # noqa: BLE001 - workers that cannot answer have no GPU to give the fit
-        return 0
-    return len({v for v in ids.values() if v is not None})
+        return {}
+
+
+def count_gpu_workers(client) -> int:
+    """Distinct GPUs among the Dask workers: two worker processes on one GPU count once (NCCL,
+    under cuml.dask, refuses two ranks on one device)."""
+    return len({v for v in gpu_ids(client).values() if v is not None})
 
 
 def empty_device_cache() -> None:

@@ -1,7 +1,10 @@
 """Estimator factories and array handling for the CPU (scikit-learn) and GPU (cuML) backends.
 
 Which backend a job gets is decided once, in :func:`rapids_attn.devices.resolve_devices`; this
-module only builds estimators and moves arrays for the backend it is given.
+module only builds estimators and moves arrays for the backend it is given. Every estimator the
+learn stage uses is built here, with the arguments written once, so that the contract tests
+(``tests/contract``) can build each of them against the real cuML wheels and fail where cuML's
+signature has moved (cuML's PCA, for one, takes no ``random_state``: its solvers are deterministic).
 """
 
 from __future__ import annotations
@@ -13,14 +16,31 @@ import numpy as np
 
 from rapids_attn.errors import BackendUnavailableError
 
+#: KMeans restarts; the best of them (lowest inertia) is kept, on both backends
+KMEANS_N_INIT = 4
+
+
+def _xp_for(name: str):
+    if name == "cuml":
+        import cupy
+
+        return cupy
+    return np
+
 
 @dataclass
 class LearnBackend:
-    """Where the fit runs. ``name`` is "sklearn" or "cuml"; ``xp`` is numpy or cupy."""
+    """Where the fit runs. ``name`` is "sklearn" or "cuml"; ``xp`` is numpy or cupy.
+
+    Picklable (it travels to the workers of a multi-GPU fit): the array module is looked up again
+    where it is unpickled."""
 
     name: str
     reason: str
     xp: Any = field(default=np, repr=False)
+
+    def __reduce__(self):
+        return _restore_backend, (self.name, self.reason)
 
     @property
     def gpu(self) -> bool:
@@ -30,9 +50,9 @@ class LearnBackend:
     def read(self, array, sl) -> Any:
         """Read a block of a zarr array as float32 on the backend's device.
 
-        On the GPU the block is read in zarr's GPU mode and arrives as a CuPy array (no NumPy copy
-        in between). zarr 3.1 still decodes chunks on the host and copies them over; the store uses
-        plain zstd so that zarr's nvCOMP zstd codec can decode on the device where it is available.
+        On the GPU the block is read in zarr's GPU mode (``zarr.config.enable_gpu()``) and arrives
+        as a CuPy array. zarr decodes the chunks (zstd) on the host and copies the bytes to the
+        device: no zarr release decodes zstd on the GPU.
         """
         if not self.gpu:
             return np.asarray(array[sl], dtype=np.float32)
@@ -50,12 +70,14 @@ class LearnBackend:
             return self.xp.asnumpy(x)
         return np.asarray(x)
 
-    # -- estimators ------------------------------------------------------------------------------
+    # -- estimators (one process: the job's, or one worker's) ------------------------------------
     def pca(self, n_components: int, seed: int):
         if self.gpu:
             from cuml.decomposition import PCA
-        else:
-            from sklearn.decomposition import PCA
+
+            return PCA(n_components=n_components)  # deterministic (full SVD / eigendecomposition): no seed
+        from sklearn.decomposition import PCA
+
         return PCA(n_components=n_components, random_state=seed)
 
     def kmeans(self, n_clusters: int, seed: int):
@@ -63,7 +85,7 @@ class LearnBackend:
             from cuml.cluster import KMeans
         else:
             from sklearn.cluster import KMeans
-        return KMeans(n_clusters=n_clusters, random_state=seed, n_init=4)
+        return KMeans(**kmeans_args(n_clusters, seed))
 
     def dbscan(self, eps: float, min_samples: int):
         if self.gpu:
@@ -102,6 +124,26 @@ class LearnBackend:
             from sklearn.neighbors import NearestNeighbors
         return NearestNeighbors(n_neighbors=1)
 
+    # -- estimators spread over the GPU workers of a Dask cluster (cuml.dask) ---------------------
+    def dask_pca(self, client, n_components: int):
+        """cuml.dask's PCA: its keyword arguments reach cuML's PCA on every worker."""
+        self._need_gpu("a multi-GPU PCA")
+        from cuml.dask.decomposition import PCA
+
+        return PCA(client=client, n_components=n_components)
+
+    def dask_kmeans(self, client, n_clusters: int, seed: int):
+        """cuml.dask's KMeans: its keyword arguments reach cuML's KMeans on every worker."""
+        self._need_gpu("a multi-GPU KMeans")
+        from cuml.dask.cluster import KMeans
+
+        return KMeans(client=client, **kmeans_args(n_clusters, seed))
+
+    def _need_gpu(self, what: str) -> None:
+        if not self.gpu:
+            raise BackendUnavailableError(f"runtime.learn_backend: {what} needs cuML; set learn_backend to gpu")
+
+    # -- scores ----------------------------------------------------------------------------------
     def silhouette(self, x, labels, sample: int, seed: int) -> float | None:
         """Silhouette score on a seeded sample of the non-noise points (None when undefined)."""
         from sklearn.metrics import silhouette_score
@@ -119,3 +161,15 @@ class LearnBackend:
             if len(np.unique(labels)) < 2:
                 return None
         return float(silhouette_score(x, labels))
+
+
+def kmeans_args(n_clusters: int, seed: int) -> dict:
+    """KMeans's arguments on every backend (scikit-learn, cuML, cuml.dask). ``n_clusters`` must be
+    an int: ``auto`` is resolved by the k sweep before any KMeans is built."""
+    if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)):
+        raise TypeError(f"KMeans needs an integer n_clusters, got {n_clusters!r}")
+    return {"n_clusters": int(n_clusters), "random_state": seed, "n_init": KMEANS_N_INIT}
+
+
+def _restore_backend(name: str, reason: str) -> LearnBackend:
+    return LearnBackend(name, reason, xp=_xp_for(name))

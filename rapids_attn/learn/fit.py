@@ -9,8 +9,14 @@ Memory stays bounded by the fit sample plus one chunk of rows, whatever the data
 
 KMeans assigns new maps with ``predict``. DBSCAN and HDBSCAN have no ``predict``: when the sample
 is not the whole dataset, each other map takes the label of its nearest fitted neighbour in the
-reduced space (noise stays noise). On a GPU the same code runs on cuML with CuPy blocks; with several
-GPU workers PCA and KMeans use cuml.dask (multi-GPU) on the whole feature array.
+reduced space (noise stays noise). On a GPU the same code runs on cuML with CuPy blocks.
+
+With two or more GPU workers and a fit that cuml.dask can run (PCA then KMeans with a fixed k), the
+fit is spread over the GPUs instead (:func:`_fit_spread`): each worker reads its share of the
+sample's store chunks itself, onto its own GPU (the job process reads no features), the parts stay
+there (persisted, assigned round-robin), cuml.dask fits PCA and KMeans on them, and every store chunk
+is then transformed, assigned and written by a worker. ``summary.json`` records how many parts,
+workers and distinct GPUs (by UUID) held the fit's data.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import numpy as np
 import zarr
 
 from rapids_attn.backends import LearnBackend
+from rapids_attn.devices import count_gpu_workers, gpu_ids
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import mark_complete, read_strings
 
@@ -97,10 +104,12 @@ class _Model:
         u = reduce.umap
         self.umap = backend.umap(u.n_components, u.n_neighbors, u.min_dist, u.metric, self.seed) if u.enabled else None
         self.method = cluster.method
+        self.clusterer = None
         self.fit_z = None
         self.fit_labels = None
         self.nn = None
         self.sweep = None
+        self.seconds: dict = {}
 
     def fit(self, x):
         c = self.cluster_cfg
@@ -145,6 +154,28 @@ class _Model:
         return self.fit_labels[xp.asarray(ind)[:, 0]]
 
 
+def _write_block(model: _Model, outputs, x, start: int, stop: int) -> dict[int, int]:
+    """Transform and assign the maps of examples [start, stop) (features ``x``, one row per map),
+    write their rows of ``reduced``, ``coords`` and ``cluster``; return the label counts."""
+    reduced_a, coords_a, labels_a = outputs
+    _, nl, nh = labels_a.shape
+    backend = model.backend
+    p, z = model.transform(x)
+    lab = model.assign(z)
+    coords = z[:, :2] if model.umap is not None else p[:, :2]
+    m = stop - start
+    reduced_a[start:stop] = backend.to_numpy(p).reshape(m, nl, nh, -1).astype(np.float16)
+    coords_a[start:stop] = backend.to_numpy(coords).reshape(m, nl, nh, 2).astype(np.float32)
+    lab_np = backend.to_numpy(lab).reshape(m, nl, nh).astype(np.int32)
+    labels_a[start:stop] = lab_np
+    return {int(c): int(n) for c, n in zip(*np.unique(lab_np, return_counts=True))}
+
+
+def _add_counts(total: dict[int, int], part: dict[int, int]) -> None:
+    for c, n in part.items():
+        total[c] = total.get(c, 0) + n
+
+
 def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
     level = int(dict(g.attrs.get(S.Attr.LAYOUT, {})).get("compression_level", 3))  # as the extract stage's arrays
     reduced = S.create_array(g, S.REDUCED, (e, nl, nh, k), chunks=(rows, nl, nh, k), compression_level=level)
@@ -155,7 +186,8 @@ def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
 
 def supports_multi_gpu(reduce, cluster) -> bool:
     """Whether this fit can run on cuml.dask across GPU workers: KMeans with a fixed k on the PCA
-    output. UMAP, DBSCAN, HDBSCAN and the k sweep (``n_clusters: auto``) fit in the job process."""
+    output. UMAP, DBSCAN, HDBSCAN and the k sweep (``n_clusters: auto``) have no cuml.dask form
+    here: they fit in the job process, on its GPU, and the pipeline closes the cluster first."""
     return cluster.method == "kmeans" and isinstance(cluster.n_clusters, int) and not reduce.umap.enabled
 
 
@@ -166,8 +198,9 @@ def fit_store(
     ``coords`` and ``cluster``; return what was done (also kept as the store's ``learn`` attribute).
 
     ``reduce`` and ``cluster`` are the job's ReduceConfig and ClusterConfig; any store with a
-    ``features`` array works, with no job file. ``multi_gpu`` (from the device plan) fits PCA and
-    KMeans with cuml.dask over the GPU workers of ``client`` when there are at least two."""
+    ``features`` array works, with no job file. ``multi_gpu`` (from the device plan) spreads the
+    fit over the GPU workers of ``client`` with cuml.dask when at least two distinct GPUs joined
+    and the fit has a cuml.dask form; otherwise the fit runs in this process."""
     mark_complete(g, "learn", False)
     feats = g[S.FEATURES]
     e, nl, nh, d = feats.shape
@@ -180,46 +213,45 @@ def fit_store(
     if reduce.sample_by == "group":
         _, groups = np.unique(read_strings(g[S.EXAMPLE_GROUP]), return_inverse=True)
     idx = _sample_maps(n_maps, reduce.fit_sample, seed, groups, nl * nh)
-    x_fit = _read_sample(backend, feats, idx, rows)
-    timings["read_sample"] = time.perf_counter() - t0
-
-    t1 = time.perf_counter()
-    model = _Model(reduce, cluster, seed, backend, d)
-    if multi_gpu and backend.gpu and supports_multi_gpu(reduce, cluster):
-        from rapids_attn.devices import count_gpu_workers
-
-        if count_gpu_workers(client) > 1:
-            model = _MultiGPUModel(reduce, cluster, seed, backend, client, d)
-    model.fit(x_fit)
-    timings["fit"] = time.perf_counter() - t1
-    timings.update(getattr(model, "seconds", {}))
-
-    k = int(getattr(model.pca, "n_components_", None) or min(reduce.pca_components, d))
-    reduced_a, coords_a, labels_a = _output_arrays(g, e, nl, nh, rows, k)
-    t2 = time.perf_counter()
+    n_gpus = count_gpu_workers(client) if multi_gpu and client is not None else 0
+    spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1
     counts: dict[int, int] = {}
-    for start, stop in _blocks(e, rows):
-        x = backend.read(feats, slice(start, stop)).reshape(-1, d)
-        p, z = model.transform(x)
-        lab = model.assign(z)
-        coords = z[:, :2] if model.umap is not None else p[:, :2]
-        m = stop - start
-        reduced_a[start:stop] = backend.to_numpy(p).reshape(m, nl, nh, -1).astype(np.float16)
-        coords_a[start:stop] = backend.to_numpy(coords).reshape(m, nl, nh, 2).astype(np.float32)
-        lab_np = backend.to_numpy(lab).reshape(m, nl, nh).astype(np.int32)
-        labels_a[start:stop] = lab_np
-        for c, n in zip(*np.unique(lab_np, return_counts=True)):
-            counts[int(c)] = counts.get(int(c), 0) + int(n)
-    timings["assign"] = time.perf_counter() - t2
-
-    t3 = time.perf_counter()
-    sil = backend.silhouette(model.fit_z, model.fit_labels, cluster.silhouette_sample, seed)
-    timings["silhouette"] = time.perf_counter() - t3
+    placement = None
+    if spread:
+        fit = _fit_spread(client, g, feats, idx, reduce, cluster, backend, seed, timings)
+        model, placement = fit.model, fit.placement
+        k = int(model.pca.n_components)
+        _output_arrays(g, e, nl, nh, rows, k)
+        t2 = time.perf_counter()
+        counts = fit.assign_all(e, rows)
+        timings["assign"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        sil = fit.silhouette(cluster.silhouette_sample)
+        timings["silhouette"] = time.perf_counter() - t3
+        fit.release()
+    else:
+        x_fit = _read_sample(backend, feats, idx, rows)
+        timings["read_sample"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        model = _Model(reduce, cluster, seed, backend, d)
+        model.fit(x_fit)
+        timings["fit"] = time.perf_counter() - t1
+        timings.update(model.seconds)
+        k = int(getattr(model.pca, "n_components_", None) or min(reduce.pca_components, d))
+        outputs = _output_arrays(g, e, nl, nh, rows, k)
+        t2 = time.perf_counter()
+        for start, stop in _blocks(e, rows):
+            x = backend.read(feats, slice(start, stop)).reshape(-1, d)
+            _add_counts(counts, _write_block(model, outputs, x, start, stop))
+        timings["assign"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        sil = backend.silhouette(model.fit_z, model.fit_labels, cluster.silhouette_sample, seed)
+        timings["silhouette"] = time.perf_counter() - t3
     evr = getattr(model.pca, "explained_variance_ratio_", None)
     info = {
         "backend": backend.name,
         "backend_reason": backend.reason,
-        "multi_gpu": isinstance(model, _MultiGPUModel),
+        "multi_gpu": spread,
         "method": cluster.method,
         "n_maps": n_maps,
         "n_fit": len(idx),
@@ -235,47 +267,153 @@ def fit_store(
         "sample_by": reduce.sample_by,
         "seconds": timings,
     }
+    if multi_gpu and not spread:
+        info["multi_gpu_skipped"] = (
+            f"{n_gpus} distinct GPU(s) among the workers"
+            if supports_multi_gpu(reduce, cluster)
+            else "no cuml.dask form"
+        )
+    if placement is not None:
+        info["fit_placement"] = placement
     mark_complete(g, "learn", True, info)
     return info
 
 
 # ------------------------------------------------------------------------------------------------
-# multi-GPU (cuml.dask). Thin on cuML's documented API; see docs/architecture.md for what was run.
+# the fit spread over the GPU workers (cuml.dask). Thin on cuML's documented API: the estimators
+# come from LearnBackend.dask_pca / dask_kmeans; docs/deployment.md says what has run where.
 
 
-class _MultiGPUModel(_Model):
-    """PCA and KMeans fitted with cuml.dask across every GPU worker of the Dask cluster."""
+def _read_part(backend: LearnBackend, store, path: str, start: int, stop: int, local: np.ndarray | None):
+    """On a worker: the features of examples [start, stop) (one row per map), or of the maps
+    ``local`` among them, read from the store onto this worker's device."""
+    arr = zarr.open_array(store, path=path, mode="r")
+    x = backend.read(arr, slice(start, stop))
+    x = x.reshape(-1, x.shape[-1])
+    return x if local is None else x[backend.xp.asarray(local)]
 
-    def __init__(self, reduce, cluster, seed: int, backend: LearnBackend, client, dim: int):
-        from cuml.dask.cluster import KMeans
-        from cuml.dask.decomposition import PCA
 
-        super().__init__(reduce, cluster, seed, backend, dim)
-        self.client = client
-        self.pca = PCA(client=client, n_components=min(reduce.pca_components, dim))
-        self.clusterer = KMeans(client=client, n_clusters=cluster.n_clusters, random_state=self.seed)
+def _take(x, rows: np.ndarray):
+    """On a worker: the rows ``rows`` of a part (a few, for the silhouette score)."""
+    return x[rows]
 
-    def _distributed(self, x):
-        import dask.array as da
 
-        n_parts = max(1, len(self.client.scheduler_info()["workers"]))
-        return da.from_array(x, chunks=(max(1, -(-x.shape[0] // n_parts)), x.shape[1]), asarray=False)
+def _assign_rows(model: _Model, store, start: int, stop: int) -> dict[int, int]:
+    """On a worker: read examples [start, stop) of ``features``, transform, assign, write them."""
+    feats = zarr.open_array(store, path=S.FEATURES, mode="r")
+    outputs = tuple(zarr.open_array(store, path=spec, mode="r+") for spec in (S.REDUCED, S.COORDS, S.CLUSTER))
+    x = model.backend.read(feats, slice(start, stop)).reshape(-1, feats.shape[-1])
+    return _write_block(model, outputs, x, start, stop)
 
-    def fit(self, x):
-        dx = self._distributed(x)
-        self.pca.fit(dx)
-        z = self.pca.transform(dx)
-        self.clusterer.fit(z)
-        labels = self.clusterer.predict(z).compute()
-        self.fit_z = z.compute()
-        self.fit_labels = self.backend.asarray(labels).astype(self.backend.xp.int32)
-        return self.fit_z, self.fit_labels
 
-    def transform(self, x):
-        p = self.pca.transform(self._distributed(x)).compute()
-        return p, p
+class _SpreadFit:
+    """A fit whose data lives on the workers: the sample's parts (futures), the fitted single-GPU
+    models (cuml.dask's combined models), and where the parts were."""
 
-    def assign(self, z):
-        return self.backend.xp.asarray(self.clusterer.predict(self._distributed(z)).compute()).astype(
-            self.backend.xp.int32
+    def __init__(self, client, backend: LearnBackend, store, parts, model: _Model, placement: dict, seed: int):
+        self.client, self.backend, self.store = client, backend, store
+        self.parts = parts  # [(future, n_rows)]
+        self.model = model
+        self.placement = placement
+        self.seed = seed
+
+    def assign_all(self, e: int, rows: int) -> dict[int, int]:
+        """Every store chunk transformed, assigned and written by a worker (the scheduler balances them)."""
+        from distributed import as_completed
+
+        model = self.client.scatter(self.model, broadcast=True, hash=False)
+        blocks = list(_blocks(e, rows))
+        futures = self.client.map(
+            _assign_rows, [model] * len(blocks), [self.store] * len(blocks), *zip(*blocks), pure=False
         )
+        counts: dict[int, int] = {}
+        for fut in as_completed(futures):
+            _add_counts(counts, fut.result())
+        return counts
+
+    def silhouette(self, sample: int) -> float | None:
+        """The silhouette score on a seeded sample of the fit set, gathered from the workers' parts."""
+        n = sum(m for _, m in self.parts)
+        if sample == 0 or n < 3:
+            return None
+        pos = np.sort(np.random.default_rng(self.seed).choice(n, min(sample, n), replace=False))
+        bounds = np.cumsum([0] + [m for _, m in self.parts])
+        picks = []
+        for (fut, _), lo, hi in zip(self.parts, bounds[:-1], bounds[1:]):
+            sel = pos[(pos >= lo) & (pos < hi)] - lo
+            if len(sel):
+                picks.append(self.client.submit(_take, fut, sel, pure=False))
+        xp = self.backend.xp
+        x = xp.concatenate([xp.asarray(p) for p in self.client.gather(picks)])
+        z = self.model.pca.transform(x)
+        labels = self.model.assign(z)
+        return self.backend.silhouette(z, labels, sample, self.seed)
+
+    def release(self) -> None:
+        self.client.cancel([f for f, _ in self.parts])
+        self.parts = []
+
+
+def _spread_parts(client, backend: LearnBackend, feats, idx: np.ndarray, rows: int):
+    """Futures of the sample's parts, one per store chunk that holds sampled maps, each read by the
+    worker it is pinned to (round-robin over the workers, so every worker holds a share)."""
+    e, nl, nh, _ = feats.shape
+    per_ex = nl * nh
+    workers = sorted(client.scheduler_info()["workers"])
+    parts = []
+    for start, stop in _blocks(e, rows):
+        lo, hi = np.searchsorted(idx, [start * per_ex, stop * per_ex])
+        if hi == lo:
+            continue
+        local = idx[lo:hi] - start * per_ex
+        if len(local) == (stop - start) * per_ex:
+            local = None  # the whole chunk
+        w = workers[len(parts) % len(workers)]
+        args = (backend, feats.store, feats.path, start, stop, local)
+        fut = client.submit(_read_part, *args, workers=[w], allow_other_workers=False, pure=False)
+        parts.append((fut, int(hi - lo)))
+    return parts
+
+
+def _placement(client, parts) -> dict:
+    """Where the parts are: counted from the scheduler's who_has and each worker's GPU UUID."""
+    held = client.who_has([f for f, _ in parts])
+    addrs = {a for where in held.values() for a in where}
+    ids = gpu_ids(client)
+    return {
+        "parts": len(parts),
+        "rows_per_worker": {a: sum(m for f, m in parts if a in held.get(f.key, ())) for a in sorted(addrs)},
+        "workers_with_parts": len(addrs),
+        "gpus_with_parts": len({ids[a] for a in addrs if ids.get(a)}),
+    }
+
+
+def _fit_spread(client, g, feats, idx, reduce, cluster, backend: LearnBackend, seed: int, timings: dict) -> _SpreadFit:
+    """PCA and KMeans fitted with cuml.dask on the sample, read by the workers onto their GPUs."""
+    import dask.array as da
+    from distributed import wait
+
+    d = feats.shape[-1]
+    t0 = time.perf_counter()
+    parts = _spread_parts(client, backend, feats, idx, feats.chunks[0])
+    wait([f for f, _ in parts])
+    timings["read_sample"] = time.perf_counter() - t0
+    placement = _placement(client, parts)
+    meta = backend.xp.empty((0, d), dtype=np.float32)
+    x = da.concatenate([da.from_delayed(f, shape=(m, d), dtype=np.float32, meta=meta) for f, m in parts])
+
+    t1 = time.perf_counter()
+    n_components = min(reduce.pca_components, d)
+    pca = backend.dask_pca(client, n_components)
+    pca.fit(x)
+    z = pca.transform(x)
+    t2 = time.perf_counter()
+    kmeans = backend.dask_kmeans(client, cluster.n_clusters, seed)
+    kmeans.fit(z)
+    t3 = time.perf_counter()
+    timings.update({"fit": t3 - t1, "reduce_fit": t2 - t1, "k_sweep": 0.0, "cluster_fit": t3 - t2})
+
+    model = _Model(reduce, cluster, seed, backend, d)  # the single-GPU chain the workers apply
+    model.pca = pca.get_combined_model()
+    model.clusterer = kmeans.get_combined_model()
+    return _SpreadFit(client, backend, feats.store, parts, model, placement, seed)

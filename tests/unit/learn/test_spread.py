@@ -1,0 +1,116 @@
+"""The fit spread over the workers (the cuml.dask path), run on a CPU LocalCluster.
+
+cuML cannot fit without a GPU, so the two cuml.dask estimators are stood in for by scikit-learn
+ones with the same calls (``fit`` on a dask array, ``transform`` returning one, and
+``get_combined_model``); what is tested here is the project's side: who reads the store's chunks,
+where the parts land, and that the spread fit writes what the single-process fit writes. The
+estimators' arguments are checked against the real cuML wheels in tests/contract.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client, LocalCluster, wait
+from helpers import E, H, L, learn_sections, planted_store
+
+import rapids_attn.learn.fit as fit_mod
+from rapids_attn.backends.learn import LearnBackend
+from rapids_attn.learn.fit import _sample_maps, _spread_parts, fit_store
+from rapids_attn.store import schema as S
+
+
+class _DaskStandIn:
+    """cuml.dask's estimator calls, on scikit-learn: fit gathers the dask array."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def fit(self, x):
+        self.model.fit(x.compute())
+        return self
+
+    def transform(self, x, delayed=True):
+        n = self.model.n_components
+        return x.map_blocks(self.model.transform, dtype=np.float32, chunks=(x.chunks[0], (n,)))
+
+    def get_combined_model(self):
+        return self.model
+
+
+class _SpreadBackend(LearnBackend):
+    def dask_pca(self, client, n_components):
+        return _DaskStandIn(self.pca(n_components, 0))
+
+    def dask_kmeans(self, client, n_clusters, seed):
+        return _DaskStandIn(self.kmeans(n_clusters, seed))
+
+    def __reduce__(self):  # the workers get a plain scikit-learn backend
+        return LearnBackend, ("sklearn", self.reason)
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    with cluster, Client(cluster) as c:
+        yield c
+
+
+def _forbid_reads_here(monkeypatch):
+    """Any read of a zarr array in this (the job's) process fails; the workers are other processes."""
+
+    def refuse(self, *a, **k):
+        raise AssertionError("the job process read the store's features")
+
+    monkeypatch.setattr(zarr.Array, "__getitem__", refuse)
+
+
+def test_workers_read_the_sample_and_hold_it_spread(tmp_path, client, monkeypatch):
+    g, _ = planted_store(tmp_path)
+    feats = g[S.FEATURES]
+    idx = _sample_maps(E * L * H, 200, seed=0)
+    _forbid_reads_here(monkeypatch)
+    parts = _spread_parts(client, LearnBackend("sklearn", "test"), feats, idx, feats.chunks[0])
+    assert len(parts) == -(-E // feats.chunks[0])  # one part per store chunk holding sampled maps
+    assert sum(m for _, m in parts) == len(idx)
+    wait([f for f, _ in parts])
+    held = client.who_has([f for f, _ in parts])
+    workers = {a for where in held.values() for a in where}
+    assert workers == set(client.scheduler_info()["workers"])  # both workers hold parts
+    placement = fit_mod._placement(client, parts)
+    assert placement["workers_with_parts"] == 2 and placement["gpus_with_parts"] == 0
+    rows = placement["rows_per_worker"].values()
+    assert abs(max(rows) - min(rows)) <= 2 * feats.chunks[0] * L * H  # round-robin: within a chunk or two
+    monkeypatch.undo()
+    got = np.concatenate(client.gather([f for f, _ in parts]))
+    want = feats[:].reshape(-1, feats.shape[-1])[idx]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_spread_fit_writes_what_the_single_process_fit_writes(tmp_path, client, monkeypatch):
+    g, _ = planted_store(tmp_path)
+    other = tmp_path / "copy.zarr"
+    shutil.copytree(tmp_path / "store.zarr", other)
+    reduce, cluster = learn_sections(**{"reduce.fit_sample": 150})
+    single = fit_store(g, reduce, cluster, LearnBackend("sklearn", "test"), seed=0)
+
+    monkeypatch.setattr(fit_mod, "count_gpu_workers", lambda c: 2)  # as if each worker had its own GPU
+    g2 = zarr.open_group(str(other), mode="r+")
+    spread = fit_store(g2, reduce, cluster, _SpreadBackend("sklearn", "test"), seed=0, client=client, multi_gpu=True)
+
+    assert spread["multi_gpu"] is True and single["multi_gpu"] is False
+    assert spread["fit_placement"]["workers_with_parts"] == 2
+    for name in (S.CLUSTER, S.REDUCED, S.COORDS):
+        np.testing.assert_allclose(g2[name][:], g[name][:], atol=1e-3)
+    assert spread["cluster_sizes"] == single["cluster_sizes"]
+    assert spread["silhouette"] == pytest.approx(single["silhouette"], abs=0.05)
+    assert g2.attrs["learn_complete"] is True
+
+
+def test_spread_is_skipped_with_fewer_than_two_gpus(tmp_path, client):
+    g, _ = planted_store(tmp_path)
+    reduce, cluster = learn_sections()
+    info = fit_store(g, reduce, cluster, LearnBackend("sklearn", "test"), client=client, multi_gpu=True)
+    assert info["multi_gpu"] is False
+    assert info["multi_gpu_skipped"] == "0 distinct GPU(s) among the workers"
