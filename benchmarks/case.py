@@ -237,7 +237,7 @@ def case_capture(spec: dict) -> dict:
         ex.capture.modules, ex.capture.mode = [], "output_attentions"
     from rapids_attn.extract.batching import tokenize
 
-    t = tokenize(ex.tokenizer, plan.examples, plan.model.max_length)
+    t = tokenize(ex.tokenizer, plan.data.read(range(len(plan.data))), plan.model.max_length)
     idx = sorted(range(len(t.lengths)), key=lambda i: -t.lengths[i])[: spec.get("batch", 32)]
     ex.run_batch(**t.batch(idx[:2]))  # warm-up: allocator pools, lazy imports
     reset_hwm()  # the peak of this batch alone, not of loading or the warm-up

@@ -50,7 +50,7 @@ class ProbeConfig(Section):
 
 class DataConfig(Section):
     path: Path
-    format: Literal["auto", "squad", "jsonl", "csv", "text", "hf"] = "auto"
+    format: Literal["auto", "squad", "jsonl", "csv", "text", "parquet", "hf"] = "auto"
     text_fields: list[str] | None = Field(None, min_length=1, max_length=2)
     id_field: str | None = None
     group_field: str | None = None

@@ -1,6 +1,7 @@
 """The job: preflight, then a short loop over its stages (extract -> learn -> explain by default).
 
-:func:`preflight` makes every check that can be made before a worker starts: it reads the dataset,
+:func:`preflight` makes every check that can be made before a worker starts: it indexes the dataset
+(validates and counts every record in one streaming pass, never holding them; workers read their rows),
 loads the model's config, resolves the device plan once (:mod:`rapids_attn.devices`), fixes the
 store's layout, runs each stage's own ``check``, and checks that every array a stage requires is
 provided by an earlier stage of this run or is already complete in the store. :func:`run_job` then
@@ -51,11 +52,13 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s in names)
 
 
-def _read_examples(cfg: JobConfig):
-    from rapids_attn.data import read_examples
+def _index_data(cfg: JobConfig):
+    """The dataset's index (counted and validated in one streaming pass; no texts held), with the probes
+    appended inline."""
+    from rapids_attn.data import build_index
 
     d = cfg.data
-    examples = read_examples(
+    index = build_index(
         d.path,
         format=d.format,
         text_fields=d.text_fields,
@@ -66,17 +69,14 @@ def _read_examples(cfg: JobConfig):
         sample=d.sample,
         seed=d.seed,
     )
-    pairs = {e.text_pair is not None for e in examples}
-    if len(pairs) > 1:
-        raise JobConfigError("data: some examples are text pairs and some are not; give every record both text fields")
     if d.probe.count:
         from rapids_attn.data.probe import repeated_token_probes
         from rapids_attn.extract.model import load_tokenizer
 
-        examples = examples + repeated_token_probes(
-            load_tokenizer(cfg.model), d.probe.count, d.probe.length, d.probe.seed, pairs == {True}
+        index = index.with_inline(
+            repeated_token_probes(load_tokenizer(cfg.model), d.probe.count, d.probe.length, d.probe.seed, index.pairs)
         )
-    return examples
+    return index
 
 
 def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
@@ -129,15 +129,15 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
     from rapids_attn.extract.stage import plan_layout
 
     t0 = time.perf_counter()
-    examples = _read_examples(cfg)
+    data = _index_data(cfg)
     info = describe_model(cfg.model)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
-    layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(examples), info.n_layers, info.n_heads, cfg.model.name)
+    layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)
     ctx = RunContext(
         run_dir=cfg.run_dir,
         job=cfg.to_dict(),
         job_name=cfg.name,
-        examples=examples,
+        data=data,
         model=info,
         layout=layout,
         key=cfg.extraction_key(),

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             ctx = preflight(cfg, stages).ctx
             print(
-                f"ok: {len(ctx.examples)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} heads, "
+                f"ok: {len(ctx.data)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} heads, "
                 f"{ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}"
             )
             return 0

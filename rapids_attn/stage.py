@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from rapids_attn.data import Example
+    from rapids_attn.data import DataIndex
     from rapids_attn.devices import DevicePlan
     from rapids_attn.extract.model import ModelInfo
     from rapids_attn.job import JobConfig
@@ -56,7 +56,9 @@ class RunContext:
     job: dict
     #: name of the job (``name:``)
     job_name: str
-    examples: list[Example]
+    #: the dataset's index: its length is the number of examples, ``data.read([3, 17])`` reads two of them;
+    #: it never holds the dataset (workers read their own rows)
+    data: DataIndex
     model: ModelInfo
     layout: StoreLayout
     #: hash of the settings that decide the store's contents (JobConfig.extraction_key)

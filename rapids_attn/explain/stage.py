@@ -112,7 +112,7 @@ class ExplainStage(Stage):
         views = None
         if self.explain_cfg.head_views:
             try:
-                views = write_head_views(ctx.run_dir / "report", self.model_cfg, ctx.examples, findings.clusters)
+                views = write_head_views(ctx.run_dir / "report", self.model_cfg, ctx.data.examples(), findings.clusters)
             except Exception as e:  # noqa: BLE001 - the head views are an aid: the report goes on without them, and says so
                 first = str(e).splitlines()[0][:200] if str(e) else ""
                 msg = f"head views not written ({type(e).__name__}: {first})"

@@ -2,8 +2,10 @@
 
 A worker loads the model, tokenizer and embedder once (cached per process, keyed by the job's
 extraction key) and reuses them for every shard it runs. Tasks are small and cheap to pickle
-(the job sections extraction uses, the shard's examples); a shard returns small metadata, never
-arrays. The device and dtypes come from the device plan (:mod:`rapids_attn.devices`).
+(the job sections extraction uses, and a description of the shard's rows, not their texts): the
+worker reads its own rows from the input and writes them, ids, groups and labels included, into
+the store. A shard returns small metadata, never arrays. The device and dtypes come from the
+device plan (:mod:`rapids_attn.devices`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from rapids_attn.data.example import Example
+from rapids_attn.data.index import Rows
 from rapids_attn.devices import ExtractDevices, empty_device_cache
 from rapids_attn.extract.batching import length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture
@@ -37,7 +40,8 @@ from rapids_attn.store.zarr_store import StoreLayout, encode_thumbnails, write_s
 @dataclass
 class ShardTask:
     """One shard's work. Carries only the job sections extraction uses, the device plan's extract
-    part and the shard's examples: small and cheap to pickle."""
+    part and the shard's :class:`~rapids_attn.data.index.Rows` (where its examples are, not their
+    texts; SQuAD's and the probes' travel inline): small and cheap to pickle."""
 
     model: ModelConfig
     extract: ExtractConfig
@@ -48,7 +52,7 @@ class ShardTask:
     store_path: str
     layout: StoreLayout
     shard: int
-    examples: list[Example]
+    rows: Rows
     max_length: int
 
     @classmethod
@@ -75,7 +79,7 @@ class ShardTask:
             store_path,
             layout,
             shard,
-            list(examples or []),
+            Rows(None, inline=tuple(examples or ())),
             max_length,
         )
 
@@ -158,8 +162,12 @@ class Extractor:
 
     def process(self, task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
-        tok = tokenize(self.tokenizer, task.examples, task.max_length)
-        n = len(task.examples)
+        examples = task.rows.read()
+        start, stop = self.layout.shard_rows(task.shard)
+        if len(examples) != stop - start:
+            raise ValueError(f"shard {task.shard}: read {len(examples)} examples, expected {stop - start}")
+        tok = tokenize(self.tokenizer, examples, task.max_length)
+        n = len(examples)
         nl, nh = len(self.layout.layers), len(self.layout.heads)
         s, t = self.layout.image_size, self.layout.thumb_size
         feats = np.zeros((n, nl, nh, self.layout.feature_dim), dtype=self.layout.features_dtype)
@@ -168,6 +176,7 @@ class Extractor:
         detectors = np.zeros((n, nl, nh, len(DETECTOR_NAMES)), dtype=np.float32)
         extra = {name: np.zeros((n, nl, nh), dtype=dtype) for name, dtype in self.layout.embed_outputs.items()}
         thumbs = np.zeros((n, nl, nh, t, t), dtype=np.uint8) if t else None
+        # "tokenize" includes reading the shard's rows from the input
         seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
         ecfg = self.extract_cfg
         for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size, ecfg.attention_budget):
@@ -200,6 +209,9 @@ class Extractor:
             **extra,
             S.SEQ_LEN: np.asarray(tok.lengths, dtype=np.int32),
             S.TRUNCATED: np.asarray(tok.truncated, dtype=bool),
+            S.EXAMPLE_ID: np.asarray([e.id for e in examples], dtype=str),
+            S.EXAMPLE_GROUP: np.asarray([e.group for e in examples], dtype=str),
+            S.EXAMPLE_LABEL: np.asarray([e.label for e in examples], dtype=str),
         }
         if thumbs is not None:
             arrays[S.THUMBNAILS] = thumbs

@@ -1,7 +1,8 @@
 """The extract stage: run the model over every shard on the Dask workers and write the store.
 
 The client opens (resumes) or creates the store, then maps :func:`rapids_attn.extract.shard.process_shard`
-over the shards not yet marked done; each worker writes its shard's rows and then the shard's
+over the shards not yet marked done; each worker reads its shard's rows from the input itself (the
+task says where they are), writes them (example ids, groups and labels too) and then the shard's
 done-marker. When every shard is done, the stage sets ``extract_complete``.
 """
 
@@ -115,11 +116,13 @@ class ExtractStage(Stage):
     def uses_cluster(self, ctx: RunContext) -> bool:
         return True
 
-    def run(self, ctx: RunContext, client=None) -> ExtractResult:
-        from distributed import as_completed
-
-        from rapids_attn.extract.shard import ShardTask, process_shard
-        from rapids_attn.store.zarr_store import consolidate, create_store, done_shards, mark_complete, open_for_job
+    def prepare(self, ctx: RunContext):
+        """The driver's side of the stage: open (resume) or create the store, and one task per shard not yet
+        done. Returns ``(store group, resumed, tasks)``. A task describes its shard's rows (file, record
+        numbers, where to seek), never their texts: the worker reads them and writes the example ids,
+        groups and labels itself."""
+        from rapids_attn.extract.shard import ShardTask
+        from rapids_attn.store.zarr_store import create_store, done_shards, open_for_job
 
         layout = ctx.layout
         g = open_for_job(ctx.store_path, ctx.key, layout, ctx.overwrite)
@@ -135,35 +138,35 @@ class ExtractStage(Stage):
                 "n_heads": m.n_heads,
                 "max_length": m.max_length,
             }
-            g = create_store(
-                ctx.store_path,
-                layout,
-                ctx.job,
-                ctx.key,
-                meta,
-                [e.id for e in ctx.examples],
-                [e.group for e in ctx.examples],
-                [e.label for e in ctx.examples],
-            )
+            g = create_store(ctx.store_path, layout, ctx.job, ctx.key, meta)
         done = done_shards(g)
-        tasks = []
-        for s in (s for s in range(layout.n_shards) if not done[s]):
-            start, stop = layout.shard_rows(s)
-            tasks.append(
-                ShardTask(
-                    self.model_cfg,
-                    self.extract_cfg,
-                    self.embed_cfg,
-                    ctx.devices.extract,
-                    self.runtime_cfg.threads_per_worker,
-                    ctx.key,
-                    str(ctx.store_path),
-                    layout,
-                    s,
-                    ctx.examples[start:stop],
-                    ctx.model.max_length,
-                )
+        tasks = [
+            ShardTask(
+                self.model_cfg,
+                self.extract_cfg,
+                self.embed_cfg,
+                ctx.devices.extract,
+                self.runtime_cfg.threads_per_worker,
+                ctx.key,
+                str(ctx.store_path),
+                layout,
+                s,
+                ctx.data.rows(*layout.shard_rows(s)),
+                ctx.model.max_length,
             )
+            for s in range(layout.n_shards)
+            if not done[s]
+        ]
+        return g, resumed, tasks
+
+    def run(self, ctx: RunContext, client=None) -> ExtractResult:
+        from distributed import as_completed
+
+        from rapids_attn.extract.shard import process_shard
+        from rapids_attn.store.zarr_store import consolidate, done_shards, mark_complete
+
+        layout = ctx.layout
+        g, resumed, tasks = self.prepare(ctx)
         results = []
         with _progress(len(tasks), "extract") as bar:
             futures = client.map(process_shard, tasks, pure=False) if tasks else []

@@ -97,14 +97,19 @@ def create_store(
     job: dict,
     key: str,
     meta: dict,
-    ids: list[str],
-    groups: list[str],
-    labels: list[str],
+    ids: list[str] | None = None,
+    groups: list[str] | None = None,
+    labels: list[str] | None = None,
 ) -> zarr.Group:
     """Create a fresh store at ``path``, which must be absent or an empty folder (the caller decides,
     through :func:`open_for_job`, what may be replaced). The package's marker attributes are written
     first and the job attributes last: a store with the first and without the last is known to be an
-    interrupted creation of ours, and is recreated rather than reused."""
+    interrupted creation of ours, and is recreated rather than reused.
+
+    ``example_id``, ``example_group`` and ``example_label`` are chunked by shard like ``seq_len``: the
+    extract stage's workers write their own rows of them (:func:`write_shard`), so the driver never
+    holds them. ``ids``, ``groups`` and ``labels``, when given, are written here instead (planted
+    stores in tests and tools)."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise StoreError(f"{path}: exists and is not empty; refusing to write a store over it")
     marks = {Attr.CREATED_BY: CREATOR, Attr.FORMAT_VERSION: S.FORMAT_VERSION, Attr.VERSION: __version__}
@@ -122,7 +127,7 @@ def create_store(
     for spec in (S.SEQ_LEN, S.TRUNCATED):
         S.create_array(g, spec, (ex,), chunks=(layout.shard_size,))
     for spec, values in ((S.EXAMPLE_ID, ids), (S.EXAMPLE_GROUP, groups), (S.EXAMPLE_LABEL, labels)):
-        S.create_array(g, spec, (ex,), data=values)
+        S.create_array(g, spec, (ex,), chunks=(layout.shard_size,), data=values)
     S.create_array(g, S.SHARDS_DONE, (layout.n_shards,), chunks=(1,))
     S.create_array(g, S.LAYER, (len(layout.layers),), data=layout.layers)
     S.create_array(g, S.HEAD, (len(layout.heads),), data=layout.heads)
@@ -234,14 +239,24 @@ def write_shard(path: str, layout: StoreLayout, shard: int, arrays: dict[str, np
     """Write one shard's rows (exactly one chunk of every example-major array), then mark it done.
 
     Called on workers; rows of different shards live in different chunk files, so no lock is needed.
+    A store created before the workers wrote the example metadata holds ``example_id`` (group, label)
+    whole, written at creation, in one chunk: those rows are already there and are left alone (several
+    workers writing one chunk would race).
     """
     g = zarr.open_group(path, mode="r+")
     start, stop = layout.shard_rows(shard)
     for name, value in arrays.items():
         if value.shape[0] != stop - start:
             raise ValueError(f"shard {shard}: {name} has {value.shape[0]} rows, expected {stop - start}")
-        g[name][start:stop] = value
+        array = g[name]
+        if name in _METADATA and array.chunks[0] != layout.shard_size:
+            continue
+        array[start:stop] = value
     g[S.SHARDS_DONE][shard] = True
+
+
+#: example metadata the workers write; created whole by the driver in stores made before that
+_METADATA = (S.EXAMPLE_ID, S.EXAMPLE_GROUP, S.EXAMPLE_LABEL)
 
 
 def mark_complete(g: zarr.Group, stage: str, complete: bool, info: dict | None = None) -> None:

@@ -1,0 +1,213 @@
+"""The dataset index: what the driver knows about the input, without holding it.
+
+:func:`build_index` makes one streaming pass over the input: it validates every record (the same
+rules and one-line messages as ever), counts the records, streams a 64-bit hash of each id into a
+NumPy array to find duplicates (a hash seen twice is checked against the records themselves, so a
+collision is never reported as a duplicate), and keeps, for line-based files, the byte offset and
+line number every :data:`CHECKPOINT_EVERY` records. Then it applies the seeded ``sample`` and
+``limit`` to record numbers, exactly as :func:`rapids_attn.data.readers.select` does to a list.
+
+The result, a :class:`DataIndex`, holds per record at most the selected record numbers (none
+without ``sample``). :meth:`DataIndex.rows` describes a run of positions as :class:`Rows`: a small
+picklable value (source, record numbers, seek points) that a worker reads itself. SQuAD's single
+JSON document is read whole in the driver, and its examples, like the generated probes, travel
+inline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+from rapids_attn.data.example import Example
+from rapids_attn.data.linefiles import LineSource, Seek, changed
+from rapids_attn.data.tables import HfSource, ParquetSource
+from rapids_attn.errors import DataError
+
+Source = Union[LineSource, ParquetSource, HfSource]  # noqa: UP007 - a runtime alias, used in isinstance
+
+#: records between two seek points of a line-based file: a worker reads at most this many extra records
+CHECKPOINT_EVERY = 256
+
+
+def select_positions(n: int, limit: int | None = None, sample: int | None = None, seed: int = 0):
+    """The record numbers (ascending) that the seeded ``sample`` and then ``limit`` keep of ``n``: a
+    ``range`` without ``sample``, else a NumPy array. The same draw as :func:`readers.select`."""
+    for name, value in (("sample", sample), ("limit", limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DataError(
+                f"data.{name}: must be a positive integer, got {value!r}; "
+                f"set data.{name} to a number >= 1 or leave it unset"
+            )
+    keep: range | np.ndarray = range(n)
+    if sample is not None and sample < n:
+        rng = np.random.default_rng(seed)
+        keep = np.sort(rng.choice(n, size=sample, replace=False))
+    if limit is not None:
+        keep = keep[:limit]
+    return keep
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Examples described, not held: the file records numbered ``records`` (ascending), each read forward
+    from the nearest of ``seeks``, followed by the ``inline`` examples. What a shard task carries."""
+
+    source: Source | None
+    records: range | np.ndarray = range(0)
+    seeks: tuple[Seek, ...] = ()
+    inline: tuple[Example, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.records) + len(self.inline)
+
+    def read(self) -> list[Example]:
+        out = self.source.read(self.records, self.seeks) if len(self.records) else []
+        if len(out) != len(self.records):
+            raise changed(self.source.path, int(self.records[len(out)]))
+        return [*out, *self.inline]
+
+
+@dataclass(frozen=True)
+class DataIndex:
+    """The run's examples, by position: the selected records of the file, then the inline examples."""
+
+    path: Path
+    format: str
+    source: Source | None
+    #: records in the file, before sample and limit
+    n_records: int
+    #: the file's records this run uses, ascending
+    records: range | np.ndarray
+    #: line-based files: (offset, line) before record ``b * every``, for each block b; else None
+    checkpoints: np.ndarray | None = None
+    every: int = CHECKPOINT_EVERY
+    #: examples after the file's: SQuAD's (read whole), then the probes
+    inline: tuple[Example, ...] = ()
+    #: the examples are text pairs
+    pairs: bool = False
+
+    def __len__(self) -> int:
+        return len(self.records) + len(self.inline)
+
+    def with_inline(self, examples: Iterable[Example]) -> DataIndex:
+        """This index with ``examples`` appended (the probes)."""
+        return dataclasses.replace(self, inline=(*self.inline, *examples))
+
+    def seeks(self, records) -> tuple[Seek, ...]:
+        """The seek points a reader of ``records`` (ascending) needs: one per block they fall in."""
+        if self.checkpoints is None or not len(records):
+            return ()
+        if isinstance(records, range):
+            blocks = range(records[0] // self.every, records[-1] // self.every + 1)
+        else:
+            blocks = np.unique(np.asarray(records) // self.every)
+        return tuple((int(b) * self.every, int(self.checkpoints[b, 0]), int(self.checkpoints[b, 1])) for b in blocks)
+
+    def rows(self, start: int, stop: int) -> Rows:
+        """Positions ``start`` to ``stop`` as :class:`Rows` (a shard's task carries them)."""
+        nf = len(self.records)
+        records = self.records[min(start, nf) : min(stop, nf)]
+        inline = self.inline[max(start - nf, 0) : max(stop - nf, 0)]
+        return Rows(self.source, records, self.seeks(records), tuple(inline))
+
+    def read(self, positions: Iterable[int]) -> list[Example]:
+        """The examples at ``positions`` (any order), reading only those records of the file."""
+        positions = [int(p) for p in positions]
+        nf, n = len(self.records), len(self)
+        for p in positions:
+            if not 0 <= p < n:
+                raise IndexError(f"example position {p} out of range (the run has {n} examples)")
+        wanted = sorted({p for p in positions if p < nf})
+        records = np.asarray([self.records[p] for p in wanted], dtype=np.int64)
+        found = dict(zip(wanted, Rows(self.source, records, self.seeks(records)).read())) if wanted else {}
+        return [found[p] if p < nf else self.inline[p - nf] for p in positions]
+
+    def examples(self) -> Examples:
+        """A read-only sequence view: ``view[i]`` reads example i alone (with a small cache)."""
+        return Examples(self)
+
+
+class Examples(Sequence):
+    """The run's examples as a sequence that reads only the ones indexed (head views, tools)."""
+
+    CACHE = 64
+
+    def __init__(self, index: DataIndex) -> None:
+        self.index = index
+        self._cache: dict[int, Example] = {}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.index.read(range(len(self))[i])
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if i not in self._cache:
+            if len(self._cache) >= self.CACHE:
+                self._cache.clear()
+            self._cache[i] = self.index.read([i])[0]
+        return self._cache[i]
+
+
+# ---------------------------------------------------------------------------------------- the pass
+
+
+def scan(source: Source, path: Path, every: int = CHECKPOINT_EVERY, collect: list | None = None):
+    """One pass: (record count, checkpoints or None, id hashes or None). ``collect``, if given, receives
+    every record's Example where the source builds them in its pass (line files, HF)."""
+    lines = isinstance(source, LineSource)
+    marks = array("q")
+    hashes = None if source.numbered else array("q")
+    n = 0
+    try:
+        for offset, line, item in source.scan():
+            if lines and n % every == 0:
+                marks.append(offset)
+                marks.append(line)
+            if isinstance(item, Example):
+                if collect is not None:
+                    collect.append(item)
+                item = item.id
+            if hashes is not None:
+                hashes.append(hash(item))
+            n += 1
+    except PermissionError as e:
+        raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
+    checkpoints = np.frombuffer(marks, dtype=np.int64).reshape(-1, 2).copy() if lines else None
+    return n, checkpoints, hashes
+
+
+def check_unique(index: DataIndex, hashes) -> None:
+    """DataError naming the first duplicate id (records j and i, as a list's first repeat): records whose id
+    hash is seen twice are read again and compared by id."""
+    if hashes is None or len(hashes) < 2:
+        return
+    h = np.frombuffer(hashes, dtype=np.int64)
+    s = np.sort(h)
+    repeated = s[1:][s[1:] == s[:-1]]
+    del s
+    if not len(repeated):
+        return
+    candidates = np.flatnonzero(np.isin(h, repeated))
+    first: dict[str, int] = {}
+    for rec, ex in zip(candidates, Rows(index.source, candidates, index.seeks(candidates)).read()):
+        j = first.setdefault(ex.id, int(rec))
+        if j != rec:
+            raise duplicate(ex.id, index.path, j, int(rec))
+
+
+def duplicate(ex_id: str, path, j: int, i: int) -> DataError:
+    return DataError(
+        f"data.path: duplicate id {ex_id!r} in {path} (records {j} and {i}, counting from 0); ids must be "
+        f"unique: set data.id_field to a unique field or leave it unset to number the records"
+    )

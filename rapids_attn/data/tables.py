@@ -1,0 +1,231 @@
+"""Column files: Parquet and saved HuggingFace datasets (``datasets`` ``save_to_disk``), read by row number.
+
+Both are random access by row, so the driver keeps no offsets: it checks the columns, validates the
+values, and counts the rows; a worker opens the file itself and reads only its rows (Parquet: the
+row groups that hold them, only the named columns, batch by batch; HF: ``Dataset.select`` on the
+memory-mapped dataset).
+
+Parquet: the driver reads the metadata (row counts, schema, null counts) and streams only the id
+column (when ``data.id_field`` is set) and, where the metadata cannot rule out a null, a text
+column; it never holds more than one batch. Rows are numbered from 0 in messages, as for HF.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rapids_attn.data.example import Example
+from rapids_attn.data.fields import FieldSpec, empty_id, not_text
+from rapids_attn.data.linefiles import changed
+from rapids_attn.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+#: rows per batch when the driver streams a column or a worker reads a row group
+BATCH_ROWS = 8192
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+# ------------------------------------------------------------------------------------------- parquet
+
+
+def _parquet_file(path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(str(path))
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, PermissionError):
+            raise
+        raise DataError(
+            f"data.path: {path} cannot be read as Parquet ({_first_line(e)}); point data.path at a Parquet file "
+            "or set data.format to the file's format"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ParquetSource:
+    """A Parquet file: one Example per row, fields from its columns."""
+
+    path: str
+    spec: FieldSpec
+
+    format = "parquet"
+
+    @property
+    def numbered(self) -> bool:
+        return self.spec.id is None
+
+    @property
+    def pairs(self) -> bool:
+        return self.spec.pair is not None
+
+    @classmethod
+    def open(cls, path: Path, spec: FieldSpec) -> ParquetSource:
+        """Check the schema: every named column exists, and the text columns hold scalars."""
+        import pyarrow as pa
+
+        schema = _parquet_file(path).schema_arrow
+        spec.check_fields(schema.names, f"the schema of {path}")
+        for field in (spec.text, spec.pair):
+            if field is not None and pa.types.is_nested(schema.field(field).type):
+                raise not_text(f"the schema of {path}", field, f"a {schema.field(field).type} column, not text")
+        return cls(str(path), spec)
+
+    def scan(self) -> Iterator[tuple[int, int, str]]:
+        """The driver's pass: (0, 0, id) for every row, after checking the text columns hold no null.
+
+        Raises, for the first bad row of the first column that has one, naming the row and field."""
+        import pyarrow.compute as pc
+
+        pf = _parquet_file(self.path)
+        md = pf.metadata
+        for field in (self.spec.text, self.spec.pair):
+            if field is None:
+                continue
+            col = pf.schema_arrow.get_field_index(field)
+            if all(_no_nulls(md.row_group(g), col) for g in range(md.num_row_groups)):
+                continue
+            row = 0
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[field]):
+                values = batch.column(0)
+                if values.null_count:
+                    bad = row + pc.index(pc.is_null(values), True).as_py()
+                    raise not_text(f"row {bad} of {self.path}", field, "empty")
+                row += len(values)
+        if self.spec.id is None:
+            for _ in range(md.num_rows):
+                yield 0, 0, ""
+            return
+        row = 0
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[self.spec.id]):
+            for value in batch.column(0).to_pylist():
+                if value is None or value == "":
+                    raise empty_id(f"row {row} of {self.path}", self.spec.id)
+                yield 0, 0, str(value)
+                row += 1
+
+    def read(self, records: Sequence[int], seeks: Sequence = ()) -> list[Example]:
+        """Rows ``records`` (ascending): only the row groups that hold them, only the named columns, batch by
+        batch, stopping after the last row wanted in each group."""
+        import numpy as np
+
+        pf = _parquet_file(self.path)
+        md = pf.metadata
+        starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
+        wanted = np.asarray(records, dtype=np.int64)
+        if len(wanted) and wanted[-1] >= starts[-1]:
+            raise changed(self.path, int(wanted[wanted >= starts[-1]][0]))
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        out: list[Example] = []
+        columns = self.spec.columns()
+        for g in np.unique(groups):
+            mine = wanted[groups == g] - starts[g]  # rows wanted, within the group
+            row, k = 0, 0
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[int(g)], columns=columns):
+                n = batch.num_rows
+                stop = int(np.searchsorted(mine, row + n))
+                if stop > k:
+                    for local, values in zip(mine[k:stop], batch.take(mine[k:stop] - row).to_pylist()):
+                        i = int(starts[g] + local)
+                        out.append(self.spec.example(values, i, f"row {i} of {self.path}"))
+                    k = stop
+                row += n
+                if k == len(mine):
+                    break
+        return out
+
+
+def _no_nulls(row_group, column: int) -> bool:
+    """True when the row group's statistics say the column has no null (False when they do not say)."""
+    stats = row_group.column(column).statistics
+    return stats is not None and stats.has_null_count and stats.null_count == 0
+
+
+# ------------------------------------------------------------------------------------------------ hf
+
+
+def _load_hf(path):
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"data.format: reading {path} as a HuggingFace dataset needs the datasets library; pip install datasets"
+        ) from None
+    try:
+        return datasets, datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, OSError) as e:
+        if isinstance(e, PermissionError):
+            raise
+        raise DataError(
+            f"data.path: {path} cannot be loaded with datasets.load_from_disk ({_first_line(e)}); "
+            f"point data.path at a directory written by save_to_disk"
+        ) from None
+
+
+@dataclass(frozen=True)
+class HfSource:
+    """A directory written by ``datasets`` ``save_to_disk`` (Dataset, or a DatasetDict and the split used)."""
+
+    path: str
+    spec: FieldSpec
+    split: str | None = None
+
+    format = "hf"
+
+    @property
+    def numbered(self) -> bool:
+        return self.spec.id is None
+
+    @property
+    def pairs(self) -> bool:
+        return self.spec.pair is not None
+
+    @property
+    def where(self) -> str:
+        return f"dataset {self.path}" + ("" if self.split is None else f" (split {self.split!r})")
+
+    @classmethod
+    def open(cls, path: Path, spec: FieldSpec, log: logging.Logger = logger) -> HfSource | None:
+        """Pick the split (validation if there is one; said on ``log``) and check the columns; None for an
+        empty DatasetDict."""
+        datasets, ds = _load_hf(path)
+        split = None
+        if isinstance(ds, datasets.DatasetDict):
+            if not ds:
+                return None
+            split = "validation" if "validation" in ds else next(iter(ds))
+            log.info("data.path: %s is a DatasetDict with splits %s; using split %r", path, ", ".join(ds), split)
+            ds = ds[split]
+        src = cls(str(path), spec, split)
+        spec.check_fields(ds.column_names, src.where)
+        return src
+
+    def _dataset(self):
+        _, ds = _load_hf(self.path)
+        ds = ds if self.split is None else ds[self.split]
+        return ds.select_columns(self.spec.columns())
+
+    def scan(self) -> Iterator[tuple[int, int, str]]:
+        """The driver's pass: every row validated (as the worker will build it), batch by batch."""
+        ds = self._dataset()
+        i = 0
+        for batch in ds.iter(batch_size=BATCH_ROWS):
+            names = list(batch)
+            for values in zip(*batch.values()):
+                yield 0, 0, self.spec.example(dict(zip(names, values)), i, f"row {i} of {self.where}").id
+                i += 1
+
+    def read(self, records: Sequence[int], seeks: Sequence = ()) -> list[Example]:
+        ds = self._dataset()
+        if len(records) and records[-1] >= len(ds):
+            raise changed(self.path, int(records[-1]))
+        rows = ds.select(records)
+        return [self.spec.example(row, int(i), f"row {int(i)} of {self.where}") for i, row in zip(records, rows)]
