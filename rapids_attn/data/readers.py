@@ -23,7 +23,7 @@ from typing import Any
 
 from rapids_attn.data.example import Example
 from rapids_attn.data.fields import FieldSpec
-from rapids_attn.data.index import DataIndex, check_unique, duplicate, scan, select_positions
+from rapids_attn.data.index import CHECKPOINT_EVERY, DataIndex, check_unique, duplicate, scan, select_positions
 from rapids_attn.data.linefiles import CsvSource, JsonlSource, TextSource, not_utf8
 from rapids_attn.data.tables import HfSource, ParquetSource
 from rapids_attn.errors import DataError
@@ -58,6 +58,7 @@ def build_index(
     sample: int | None = None,
     seed: int = 0,
     collect: list[Example] | None = None,
+    checkpoint_every: int = CHECKPOINT_EVERY,
 ) -> DataIndex:
     """Index ``path``: validate and count every record, check ids are unique, apply ``sample`` and ``limit``.
 
@@ -70,6 +71,7 @@ def build_index(
     limit:       keep the first ``limit`` examples (after ``sample`` when both are given).
     collect:     a list that receives every record's Example when the pass builds them anyway (all
                  formats but Parquet): :func:`read_examples` reads the file once that way.
+    checkpoint_every: records between the seek points kept for line-based files.
     """
     path = Path(path)
     if not path.exists():
@@ -98,9 +100,9 @@ def build_index(
         source = _open_source(path, fmt, text_fields, id_field, group_field, label_field)
     except PermissionError as e:
         raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
-    n, checkpoints, hashes = (0, None, None) if source is None else scan(source, path, collect=collect)
+    n, checkpoints, hashes = (0, None, None) if source is None else scan(source, path, checkpoint_every, collect)
     _empty(n, path)
-    index = DataIndex(path, fmt, source, n, range(n), checkpoints, pairs=source.pairs)
+    index = DataIndex(path, fmt, source, n, range(n), checkpoints, checkpoint_every, pairs=source.pairs)
     check_unique(index, hashes)
     del hashes
     return dataclasses.replace(index, records=select_positions(n, limit=limit, sample=sample, seed=seed))
