@@ -2,7 +2,8 @@
 
 - ``local``: a ``LocalCluster`` (CPU workers; the quickstart and CI).
 - ``local-cuda``: a dask-cuda ``LocalCUDACluster``, one worker per GPU, with an RMM pool that
-  PyTorch and CuPy allocate from, so the model, the CNN and cuML share one pool per GPU.
+  PyTorch and CuPy allocate from (set up by dask-cuda), so the model, the CNN and a multi-GPU fit
+  share one pool per GPU. A single-GPU fit runs in the job process, after the cluster is closed.
 - ``scheduler``: an existing cluster (``address`` or ``scheduler_file``): multi-node, dask-jobqueue,
   dask-kubernetes, or ``dask scheduler`` + ``dask cuda worker`` by hand.
 
@@ -44,24 +45,56 @@ def check_runtime(cfg) -> None:
         raise BackendUnavailableError(f"runtime.scheduler_file: no such file: {cfg.scheduler_file}")
 
 
-def _use_rmm_everywhere() -> str:
-    """Run on each CUDA worker: route PyTorch and CuPy allocations through RMM's pool."""
+#: the libraries whose GPU allocations dask-cuda routes through each worker's RMM pool
+RMM_LIBS = ["torch", "cupy"]
+
+
+def local_cluster_args(cfg, n_workers: int) -> dict:
+    """``distributed.LocalCluster``'s arguments for ``runtime.cluster: local``."""
+    return {
+        "n_workers": n_workers,
+        "threads_per_worker": cfg.threads_per_worker,
+        "processes": cfg.processes,
+        "dashboard_address": cfg.dashboard_address,
+        "silence_logs": logging.ERROR,
+    }
+
+
+def local_cuda_cluster_args(cfg, n_workers: int) -> dict:
+    """``dask_cuda.LocalCUDACluster``'s arguments for ``runtime.cluster: local-cuda``.
+
+    With a pool (``rmm_pool_size``: ``auto`` = 80% of each GPU, or a size), dask-cuda makes the pool
+    on each worker and points PyTorch and CuPy at it (``rmm_allocator_external_lib_list``), so the
+    model, the CNN and a multi-GPU fit share it. ``null`` means no pool, and then PyTorch and CuPy
+    keep their own caching allocators: RMM's plain allocator would only make them slower."""
+    kw = {
+        "n_workers": n_workers,
+        "threads_per_worker": cfg.threads_per_worker,
+        "dashboard_address": cfg.dashboard_address,
+        "silence_logs": logging.ERROR,
+    }
+    pool = 0.8 if cfg.rmm_pool_size == "auto" else cfg.rmm_pool_size
+    if pool is not None:
+        kw["rmm_pool_size"] = pool
+        kw["rmm_allocator_external_lib_list"] = list(RMM_LIBS)
+    return kw
+
+
+def worker_allocators() -> str:
+    """Run on a worker: which allocators PyTorch and CuPy use there (for summary.json)."""
     out = []
     try:
-        import rmm.allocators.torch
         import torch
 
-        torch.cuda.memory.change_current_allocator(rmm.allocators.torch.rmm_torch_allocator)
-        out.append("torch")
-    except Exception as e:  # noqa: BLE001 - already-initialised torch allocator, or no rmm: keep going, say so
+        out.append(f"torch: {torch.cuda.memory.get_allocator_backend()}")
+    except Exception as e:  # noqa: BLE001 - a report, not a requirement: say what could not be asked
         out.append(f"torch: {type(e).__name__}")
     try:
         import cupy
-        import rmm.allocators.cupy
 
-        cupy.cuda.set_allocator(rmm.allocators.cupy.rmm_cupy_allocator)
-        out.append("cupy")
-    except Exception as e:  # noqa: BLE001 - as above: report which allocator failed and go on
+        alloc = cupy.cuda.get_allocator()
+        out.append(f"cupy: {getattr(alloc, '__qualname__', None) or type(alloc).__name__}")
+    except Exception as e:  # noqa: BLE001 - as above
         out.append(f"cupy: {type(e).__name__}")
     return ", ".join(out)
 
@@ -84,28 +117,16 @@ class Runtime:
         if cfg.cluster == "local":
             from distributed import LocalCluster
 
-            self.cluster = LocalCluster(
-                n_workers=n,
-                threads_per_worker=cfg.threads_per_worker,
-                processes=cfg.processes,
-                dashboard_address=cfg.dashboard_address,
-                silence_logs=logging.ERROR,
-            )
+            self.cluster = LocalCluster(**local_cluster_args(cfg, n))
             self.client = Client(self.cluster)
         elif cfg.cluster == "local-cuda":
             from dask_cuda import LocalCUDACluster
 
-            pool = 0.8 if cfg.rmm_pool_size == "auto" else cfg.rmm_pool_size  # 0.8: a fraction of each GPU
-            kw = {} if pool is None else {"rmm_pool_size": pool}
-            self.cluster = LocalCUDACluster(
-                n_workers=n,
-                threads_per_worker=cfg.threads_per_worker,
-                dashboard_address=cfg.dashboard_address,
-                silence_logs=logging.ERROR,
-                **kw,
-            )
+            kw = local_cuda_cluster_args(cfg, n)
+            self.cluster = LocalCUDACluster(**kw)
             self.client = Client(self.cluster)
-            self.description["rmm"] = sorted(set(self.client.run(_use_rmm_everywhere).values()))
+            self.description["rmm_pool_size"] = kw.get("rmm_pool_size")
+            self.description["rmm"] = sorted(set(self.client.run(worker_allocators).values()))
         else:
             try:
                 if cfg.scheduler_file is not None:
