@@ -129,15 +129,22 @@ class _Model:
                 k = self.sweep["best_silhouette_k"] or c.k_sweep[0]
             if self.sweep is not None:
                 self.sweep["chosen"] = int(k)
-            self.clusterer = self.backend.kmeans(int(k), self.seed)
-            labels = self.clusterer.fit_predict(z)
-        elif self.method == "dbscan":
-            labels = self.backend.dbscan(c.eps, c.min_samples).fit_predict(z)
+            self.clusterer = self.make_clusterer(int(k))
         else:
-            labels = self.backend.hdbscan(c.min_cluster_size, c.min_samples).fit_predict(z)
+            self.clusterer = self.make_clusterer()
+        labels = self.clusterer.fit_predict(z)
         self.fit_z, self.fit_labels = z, self.backend.asarray(labels).astype(self.backend.xp.int32)
         self.seconds["cluster_fit"] = time.perf_counter() - t1 - self.seconds["k_sweep"]
         return z, self.fit_labels
+
+    def make_clusterer(self, k: int | None = None):
+        """The clusterer this fit uses (KMeans needs its k: ``n_clusters``, or the sweep's pick)."""
+        c = self.cluster_cfg
+        if self.method == "kmeans":
+            return self.backend.kmeans(c.n_clusters if k is None else k, self.seed)
+        if self.method == "dbscan":
+            return self.backend.dbscan(c.eps, c.min_samples)
+        return self.backend.hdbscan(c.min_cluster_size, c.min_samples)
 
     def transform(self, x):
         p = self.pca.transform(x)
