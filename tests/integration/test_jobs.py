@@ -157,3 +157,48 @@ def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
     assert (t["group"] == "probe:repeated-tokens").sum() == 6 * 72
     assert all(c["pattern"] for c in s["clusters"]["descriptions"])
     check_report(tmp_path / "f", s)
+
+
+def test_parquet_job_workers_read_their_own_rows(tmp_path):
+    """The quickstart's questions as a Parquet file (small row groups) on two worker processes: each worker reads
+    its shards' rows from the file, and the store's ids, groups and labels are the file's, row for row."""
+    import pyarrow as pa
+    import zarr
+
+    from rapids_attn.data import read_examples
+    from rapids_attn.store.schema import read_strings
+
+    examples = read_examples(REPO / "rapids_attn" / "data" / "quickstart.json")
+    table = pa.table(
+        {
+            "qid": [e.id for e in examples],
+            "question": [e.text for e in examples],
+            "context": [e.text_pair for e in examples],
+            "title": [e.group for e in examples],
+            "label": [e.label for e in examples],
+        }
+    )
+    data = tmp_path / "quickstart.parquet"
+    pq.write_table(table, data, row_group_size=10)
+    r = run_cli(
+        REPO / "jobs" / "quickstart.yaml",
+        "--set",
+        f"data.path={data}",
+        "data.format=auto",
+        "data.text_fields=[question, context]",
+        "data.id_field=qid",
+        "data.group_field=title",
+        "data.label_field=label",
+        "extract.shard_size=8",
+        "embed.name=pooled",
+        f"output.dir={tmp_path / 'pq'}",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((tmp_path / "pq" / "summary.json").read_text())
+    assert s["counts"]["examples"] == len(examples) and s["backend"]["runtime"]["n_workers"] == 2
+    assert len(s["extract"]["runs"][-1]["workers"]) == 2  # both worker processes read and ran shards
+    g = zarr.open_group(str(tmp_path / "pq" / "store.zarr"), mode="r")
+    assert list(read_strings(g["example_id"])) == [e.id for e in examples]
+    assert list(read_strings(g["example_group"])) == [e.group for e in examples]
+    assert list(read_strings(g["example_label"])) == [e.label for e in examples]

@@ -145,3 +145,35 @@ def test_thumbnail_code_round_trips_small_values():
     back = decode_thumbnails(q)
     assert np.all(np.abs(np.sqrt(back) - np.sqrt(v)) <= 0.5 / 255 + 1e-7)
     assert back[0] == 0 and back[-1] == 1
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_the_store_holds_the_inputs_ids_groups_and_labels(tmp_path, tiny_bert_dir, pair_data, fmt):
+    """The workers read their own rows and write their metadata: the store's example_id, group and label are
+    the input's, row for row, whole or sampled."""
+    import pyarrow as pa
+
+    from rapids_attn.data import read_examples
+    from rapids_attn.store.schema import read_strings
+
+    rows = [json.loads(line) for line in pair_data.read_text().splitlines()]
+    path = pair_data
+    if fmt == "parquet":
+        path = tmp_path / "pairs.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=7)
+    for sample in (None, 11):
+        raw = make_job(tmp_path / f"{fmt}-{sample}", tiny_bert_dir, path)
+        raw["data"].update(format="auto", sample=sample, seed=4)
+        cfg = load_job(None, raw=raw)
+        run_job(cfg, ("extract",))
+        g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+        stored = [list(read_strings(g[n])) for n in ("example_id", "example_group", "example_label")]
+        if sample is None:
+            assert stored == [[r["id"] for r in rows], [r["topic"] for r in rows], [str(r["answerable"]) for r in rows]]
+        else:
+            d = cfg.data
+            chosen = read_examples(
+                path, "auto", d.text_fields, d.id_field, d.group_field, d.label_field, sample=sample, seed=4
+            )
+            assert stored == [[e.id for e in chosen], [e.group for e in chosen], [e.label for e in chosen]]
+            assert len(chosen) == 11 and [e.id for e in chosen] != [r["id"] for r in rows][:11]
