@@ -124,6 +124,10 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
             "learn": learn.get("backend"),
             "learn_reason": learn.get("backend_reason"),
             "multi_gpu_learn": learn.get("multi_gpu", False),
+            # where the multi-GPU fit's parts were (parts, rows per worker, distinct GPUs by UUID),
+            # or why a planned multi-GPU fit ran in the job process
+            "multi_gpu_placement": learn.get("fit_placement"),
+            "multi_gpu_skipped": learn.get("multi_gpu_skipped"),
             "runtime": dict(ctx.runtime),
             "machine": machine_description(),
         },
