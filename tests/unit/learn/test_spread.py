@@ -57,11 +57,15 @@ def client():
         yield c
 
 
-def _forbid_reads_here(monkeypatch):
-    """Any read of a zarr array in this (the job's) process fails; the workers are other processes."""
+def _forbid_reads_here(monkeypatch, only: str | None = None):
+    """Reads of zarr arrays (or of the array ``only``) in this, the job's, process fail; the
+    workers are other processes."""
+    read = zarr.Array.__getitem__
 
     def refuse(self, *a, **k):
-        raise AssertionError("the job process read the store's features")
+        if only is None or self.path == only:
+            raise AssertionError(f"the job process read {self.path}")
+        return read(self, *a, **k)
 
     monkeypatch.setattr(zarr.Array, "__getitem__", refuse)
 
@@ -97,7 +101,9 @@ def test_spread_fit_writes_what_the_single_process_fit_writes(tmp_path, client, 
 
     monkeypatch.setattr(fit_mod, "count_gpu_workers", lambda c: 2)  # as if each worker had its own GPU
     g2 = zarr.open_group(str(other), mode="r+")
+    _forbid_reads_here(monkeypatch, only=S.FEATURES)  # the workers read every feature, for the fit and the assignment
     spread = fit_store(g2, reduce, cluster, _SpreadBackend("sklearn", "test"), seed=0, client=client, multi_gpu=True)
+    monkeypatch.undo()
 
     assert spread["multi_gpu"] is True and single["multi_gpu"] is False
     assert spread["fit_placement"]["workers_with_parts"] == 2
