@@ -148,7 +148,8 @@ def write_head_views(
     """Write one head-view page per exemplar; return ``{cluster id: [page path relative to report_dir]}``.
 
     model_cfg: the job's ``ModelConfig`` (or its dict). examples: the run's examples, indexable by
-    ``example_index`` (a list in store order, or a mapping). items: ``d["clusters"]`` or
+    ``example_index`` (a list in store order, a mapping, or the job's ``ctx.data.examples()``, which reads
+    only the examples indexed). items: ``d["clusters"]`` or
     ``{cluster id: [exemplar dicts]}``.
     """
     import torch

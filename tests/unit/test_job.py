@@ -208,3 +208,14 @@ def test_batching_settings_do_not_change_the_store_key(tmp_path):
         ],
     )
     assert a.extraction_key() == b.extraction_key()
+
+
+def test_data_format_parquet_is_a_choice_and_leaves_other_keys_alone(tmp_path):
+    """Adding parquet to the formats changes no existing job's settings, so no existing store's key."""
+    auto = load_job(minimal(tmp_path))
+    pq = load_job(minimal(tmp_path), ["data.format=parquet"])
+    assert pq.data.format == "parquet" and auto.data.format == "auto"
+    assert set(pq.to_dict()["data"]) == set(auto.to_dict()["data"])  # no new data setting
+    assert pq.extraction_key() != auto.extraction_key()  # the format is part of what the store holds
+    with pytest.raises(JobConfigError, match=r"data\.format: .*'parquet'"):
+        load_job(minimal(tmp_path), ["data.format=feather"])

@@ -97,6 +97,10 @@ def test_outputs_maps_table_summary_and_xarray(tmp_path, tiny_bert_dir, pair_dat
     assert set(s["seconds"]) >= {"preflight", "extract", "learn", "explain"}
     assert s["clusters"]["silhouette"] is not None and -1 <= s["clusters"]["silhouette"] <= 1
     assert (run / "job.yaml").is_file()
+    # the head views read their few exemplar examples from the data by position (the driver holds none)
+    assert not [w for w in s["warnings"] if "head views" in w]
+    pages = sorted((run / "report" / "headviews").glob("cluster*_ex*.html"))
+    assert pages and all("example q" in p.read_text() for p in pages)
 
     ds = xr.open_zarr(run / "store.zarr")
     assert ds["features"].dims == ("example", "layer", "head", "feature")

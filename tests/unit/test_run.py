@@ -77,6 +77,26 @@ def test_check_validates_without_running(tmp_path, capsys, tiny_bert_dir, pair_d
     assert not (tmp_path / "run" / "store.zarr").exists()
 
 
+def test_check_counts_a_parquet_file_and_names_its_bad_row(tmp_path, capsys, tiny_bert_dir, pair_data):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in pair_data.read_text().splitlines()]
+    data = tmp_path / "pairs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data, row_group_size=6)
+    job = make_job(tmp_path, tiny_bert_dir, data)
+    job["data"]["format"] = "parquet"
+    assert main([str(job_file(tmp_path, job)), "--check", "--set", "data.sample=9"]) == 0
+    assert "ok: 9 examples, 2 layers x 2 heads, 2 shards" in capsys.readouterr().out
+    rows[14]["id"] = ""
+    pq.write_table(pa.Table.from_pylist(rows), data, row_group_size=6)
+    assert main([str(job_file(tmp_path, job)), "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "row 14 of" in err and "pairs.parquet" in err and "'id'" in err
+
+
 def test_learn_before_extract_is_refused(tmp_path, capsys, tiny_bert_dir, pair_data):
     job = make_job(tmp_path, tiny_bert_dir, pair_data)
     assert main([str(job_file(tmp_path, job)), "--stages", "learn"]) == 2
