@@ -21,7 +21,6 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 
@@ -30,7 +29,8 @@ from rapids_attn.data.linefiles import LineSource, Seek, changed
 from rapids_attn.data.tables import HfSource, ParquetSource
 from rapids_attn.errors import DataError
 
-Source = Union[LineSource, ParquetSource, HfSource]  # noqa: UP007 - a runtime alias, used in isinstance
+#: a record source: where the file is and how its records become Examples (small, picklable)
+Source = LineSource | ParquetSource | HfSource
 
 #: records between two seek points of a line-based file: a worker reads at most this many extra records
 CHECKPOINT_EVERY = 256

@@ -17,8 +17,9 @@ from __future__ import annotations
 import bisect
 import csv
 import json
+import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,21 @@ def changed(path, record: int) -> DataError:
         f"data.path: {path} changed after the job read it (record {record}, counting from 0, is no longer there); "
         "leave the data unchanged while a job runs, then rerun it"
     )
+
+
+def file_stamp(path) -> tuple[int, int]:
+    """(size, modification time in ns): taken when the driver opens a file, checked by each worker."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def check_stamp(path, stamp: tuple[int, int] | None) -> None:
+    """DataError when the file is not the one the driver indexed (its offsets and row numbers would lie)."""
+    if stamp is not None and file_stamp(path) != tuple(stamp):
+        raise DataError(
+            f"data.path: {path} changed after the job read it (its size or modification time differs); "
+            "leave the data unchanged while a job runs, then rerun it"
+        )
 
 
 class LineReader:
@@ -80,8 +96,14 @@ class LineSource:
 
     path: str
     spec: FieldSpec | None = None
+    #: the file's (size, mtime) when the driver opened it; a worker refuses a file that differs
+    stamp: tuple[int, int] | None = field(default=None, compare=False)
 
     format = "lines"
+
+    def __post_init__(self) -> None:
+        if self.stamp is None:
+            object.__setattr__(self, "stamp", file_stamp(self.path))
 
     @property
     def numbered(self) -> bool:
@@ -114,6 +136,7 @@ class LineSource:
     def read(self, records: Sequence[int], seeks: Sequence[Seek]) -> list[Example]:
         """The records numbered ``records`` (ascending), each read forward from the nearest ``seeks`` entry
         at or before it (reading on from the previous record when that is nearer)."""
+        check_stamp(self.path, self.stamp)
         marks = [s[0] for s in seeks]
         out: list[Example] = []
         with open(self.path, "rb") as f:
@@ -209,7 +232,7 @@ class CsvSource(LineSource):
         if header is None:
             return None
         spec.check_fields(header, f"the header (line 1) of {path}")
-        return cls(str(path), spec, delimiter, tuple(header))
+        return cls(str(path), spec, delimiter=delimiter, fieldnames=tuple(header))
 
     def _start(self, lines: LineReader) -> None:
         next(csv.reader(lines, delimiter=self.delimiter))  # the header, checked in open()

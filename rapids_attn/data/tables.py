@@ -12,6 +12,7 @@ column; it never holds more than one batch. Rows are numbered from 0 in messages
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from rapids_attn.data.example import Example
 from rapids_attn.data.fields import FieldSpec, empty_id, not_text
-from rapids_attn.data.linefiles import changed
+from rapids_attn.data.linefiles import changed, check_stamp, file_stamp
 from rapids_attn.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,14 @@ class ParquetSource:
 
     path: str
     spec: FieldSpec
+    #: the file's (size, mtime) when the driver opened it; a worker refuses a file that differs
+    stamp: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
 
     format = "parquet"
+
+    def __post_init__(self) -> None:
+        if self.stamp is None:
+            object.__setattr__(self, "stamp", file_stamp(self.path))
 
     @property
     def numbered(self) -> bool:
@@ -117,6 +124,7 @@ class ParquetSource:
         batch, stopping after the last row wanted in each group."""
         import numpy as np
 
+        check_stamp(self.path, self.stamp)
         pf = _parquet_file(self.path)
         md = pf.metadata
         starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])

@@ -321,12 +321,23 @@ def test_csv_quoted_newlines_keep_line_numbers_in_messages(tmp_path):
         build_index(path, label_field="k")
 
 
-def test_a_file_changed_after_indexing_is_an_error_not_wrong_rows(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", records(20), blank_every=0)
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_a_file_changed_after_indexing_is_an_error_not_wrong_rows(tmp_path, fmt):
+    import os
+
+    writer = {"jsonl": write_jsonl, "csv": write_csv, "parquet": write_parquet}[fmt]
+    path = writer(tmp_path / f"d.{fmt}", records(20))
     index = build_index(path, checkpoint_every=4, **FIELDS)
-    write_jsonl(path, records(10), blank_every=0)
-    with pytest.raises(DataError, match=r"d\.jsonl changed after the job read it \(record 1[0-9]"):
-        index.rows(8, 16).read()
+    rows = pickle.loads(pickle.dumps(index.rows(8, 16)))  # what a worker gets
+    assert len(rows.read()) == 8
+    writer(path, records(20, seed=1))  # other texts, same ids
+    with pytest.raises(DataError, match=rf"d\.{fmt} changed after the job read it \(its size or modification time"):
+        rows.read()
+    stamp = index.source.stamp
+    writer(path, records(10))
+    os.utime(path, ns=(stamp[1], stamp[1]))  # even with the old time, fewer records are noticed
+    with pytest.raises(DataError, match=rf"d\.{fmt} changed after the job read it"):
+        rows.read()
 
 
 # -- parquet -------------------------------------------------------------------------------------------
