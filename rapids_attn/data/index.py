@@ -163,8 +163,9 @@ class Examples(Sequence):
 
 
 def scan(source: Source, path: Path, every: int = CHECKPOINT_EVERY, collect: list | None = None):
-    """One pass: (record count, checkpoints or None, id hashes or None). ``collect``, if given, receives
-    every record's Example where the source builds them in its pass (line files, HF)."""
+    """One pass: (record count, checkpoints or None, id hashes or None). A source's pass yields each record's
+    Example (line files, HF) or only its id (Parquet); ``collect``, if given, receives the Examples, and
+    otherwise each is dropped once its id is hashed."""
     lines = isinstance(source, LineSource)
     marks = array("q")
     hashes = None if source.numbered else array("q")

@@ -124,14 +124,14 @@ class LineSource:
     def _start(self, lines: LineReader) -> None:
         """Read what precedes the first record (a header); the driver's pass only."""
 
-    def scan(self) -> Iterator[tuple[int, int, str]]:
+    def scan(self) -> Iterator[tuple[int, int, Example]]:
         """The driver's pass: every record validated (built as a worker will build it), as (offset before it,
-        line before it, its id)."""
+        line before it, its Example); the caller keeps what it needs of each (its id) and drops the rest."""
         with open(self.path, "rb") as f:
             lines = LineReader(f, self.path, 0, 0)
             self._start(lines)
             for record, (offset, base, line, raw) in enumerate(self._stream(lines)):
-                yield offset, base, self._build(raw, record, line).id
+                yield offset, base, self._build(raw, record, line)
 
     def read(self, records: Sequence[int], seeks: Sequence[Seek]) -> list[Example]:
         """The records numbered ``records`` (ascending), each read forward from the nearest ``seeks`` entry

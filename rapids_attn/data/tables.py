@@ -221,14 +221,14 @@ class HfSource:
         ds = ds if self.split is None else ds[self.split]
         return ds.select_columns(self.spec.columns())
 
-    def scan(self) -> Iterator[tuple[int, int, str]]:
-        """The driver's pass: every row validated (as the worker will build it), batch by batch."""
+    def scan(self) -> Iterator[tuple[int, int, Example]]:
+        """The driver's pass: every row validated (built as the worker will build it), batch by batch."""
         ds = self._dataset()
         i = 0
         for batch in ds.iter(batch_size=BATCH_ROWS):
             names = list(batch)
             for values in zip(*batch.values()):
-                yield 0, 0, self.spec.example(dict(zip(names, values)), i, f"row {i} of {self.where}").id
+                yield 0, 0, self.spec.example(dict(zip(names, values)), i, f"row {i} of {self.where}")
                 i += 1
 
     def read(self, records: Sequence[int], seeks: Sequence = ()) -> list[Example]:

@@ -404,3 +404,20 @@ def test_empty_parquet_holds_no_examples(tmp_path):
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "e.parquet")
     with pytest.raises(DataError, match=r"e\.parquet holds no examples"):
         build_index(tmp_path / "e.parquet")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "hf"])
+def test_read_examples_keeps_what_the_pass_built(tmp_path, fmt, monkeypatch):
+    """The whole-list reader reads a line file or HF dataset once: the driver's pass hands over the Examples it
+    validated, and nothing is read again."""
+    writer, reference = {
+        "jsonl": (write_jsonl, old_jsonl),
+        "csv": (write_csv, old_csv),
+        "hf": (save_hf, lambda p: hf_reference(p, None)),
+    }[fmt]
+    path = writer(tmp_path / (f"d.{fmt}" if fmt != "hf" else "d"), records(25))
+    expected = reference(path)
+    again = []
+    monkeypatch.setattr(index_mod.Rows, "read", lambda self: again.append(len(self)))
+    assert read_examples(path, sample=9, seed=2, **FIELDS) == old_select(expected, sample=9, seed=2)
+    assert again == []
