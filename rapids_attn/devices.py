@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -173,7 +172,8 @@ def worker_gpu_id() -> str | None:
             return None
         i = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(i)
-        return str(getattr(props, "uuid", None) or f"cuda:{i}@{os.uname().nodename}")
+        uuid = getattr(props, "uuid", None)  # no index fallback: every dask-cuda worker sees its GPU as 0
+        return str(uuid) if uuid else None
     except Exception:  # noqa: BLE001 - a worker whose CUDA cannot answer has no GPU to give
         return None
 

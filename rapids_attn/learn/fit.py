@@ -12,7 +12,7 @@ is not the whole dataset, each other map takes the label of its nearest fitted n
 reduced space (noise stays noise). On a GPU the same code runs on cuML with CuPy blocks.
 
 With two or more GPU workers and a fit that cuml.dask can run (PCA then KMeans with a fixed k), the
-fit is spread over the GPUs instead (:func:`_fit_spread`): each worker reads its share of the
+fit is spread over the GPUs instead (:class:`_SpreadFit`): each worker reads its share of the
 sample's store chunks itself, onto its own GPU (the job process reads no features), the parts stay
 there (persisted, assigned round-robin), cuml.dask fits PCA and KMeans on them, and every store chunk
 is then transformed, assigned and written by a worker. ``summary.json`` records how many parts,
@@ -28,7 +28,7 @@ import numpy as np
 import zarr
 
 from rapids_attn.backends import LearnBackend
-from rapids_attn.devices import count_gpu_workers, gpu_ids
+from rapids_attn.devices import gpu_ids
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import mark_complete, read_strings
 
@@ -220,22 +220,26 @@ def fit_store(
     if reduce.sample_by == "group":
         _, groups = np.unique(read_strings(g[S.EXAMPLE_GROUP]), return_inverse=True)
     idx = _sample_maps(n_maps, reduce.fit_sample, seed, groups, nl * nh)
-    n_gpus = count_gpu_workers(client) if multi_gpu and client is not None else 0
+    gpu_workers = one_worker_per_gpu(gpu_ids(client)) if multi_gpu and client is not None else []
+    n_gpus = len(gpu_workers)
     spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1
     counts: dict[int, int] = {}
     placement = None
     if spread:
-        fit = _fit_spread(client, g, feats, idx, reduce, cluster, backend, seed, timings)
-        model, placement = fit.model, fit.placement
-        k = int(model.pca.n_components)
-        _output_arrays(g, e, nl, nh, rows, k)
-        t2 = time.perf_counter()
-        counts = fit.assign_all(e, rows)
-        timings["assign"] = time.perf_counter() - t2
-        t3 = time.perf_counter()
-        sil = fit.silhouette(cluster.silhouette_sample)
-        timings["silhouette"] = time.perf_counter() - t3
-        fit.release()
+        fit = _SpreadFit(client, backend, feats.store, gpu_workers, seed)
+        try:  # the parts are held on the workers' GPUs until released, whatever happens
+            fit.fit(feats, idx, reduce, cluster, timings)
+            model, placement = fit.model, fit.placement
+            k = int(model.pca.n_components)
+            _output_arrays(g, e, nl, nh, rows, k)
+            t2 = time.perf_counter()
+            counts = fit.assign_all(e, rows)
+            timings["assign"] = time.perf_counter() - t2
+            t3 = time.perf_counter()
+            sil = fit.silhouette(cluster.silhouette_sample)
+            timings["silhouette"] = time.perf_counter() - t3
+        finally:
+            fit.release()
     else:
         x_fit = _read_sample(backend, feats, idx, rows)
         timings["read_sample"] = time.perf_counter() - t0
@@ -313,26 +317,68 @@ def _assign_rows(model: _Model, store, start: int, stop: int) -> dict[int, int]:
     return _write_block(model, outputs, x, start, stop)
 
 
-class _SpreadFit:
-    """A fit whose data lives on the workers: the sample's parts (futures), the fitted single-GPU
-    models (cuml.dask's combined models), and where the parts were."""
+def one_worker_per_gpu(ids: dict[str, str | None]) -> list[str]:
+    """The workers the spread fit uses: one per distinct GPU (by UUID), none without a GPU. cuml.dask
+    starts one NCCL rank per worker holding parts, and NCCL refuses two ranks on one device."""
+    first: dict[str, str] = {}
+    for addr in sorted(ids):
+        if ids[addr] is not None:
+            first.setdefault(ids[addr], addr)
+    return sorted(first.values())
 
-    def __init__(self, client, backend: LearnBackend, store, parts, model: _Model, placement: dict, seed: int):
+
+class _SpreadFit:
+    """A fit whose data lives on the workers (one per GPU): the sample's parts (futures), the fitted
+    single-GPU models (cuml.dask's combined models), and where the parts were."""
+
+    def __init__(self, client, backend: LearnBackend, store, workers: list[str], seed: int):
         self.client, self.backend, self.store = client, backend, store
-        self.parts = parts  # [(future, n_rows)]
-        self.model = model
-        self.placement = placement
+        self.workers = workers
         self.seed = seed
+        self.parts = []  # [(future, n_rows)]
+        self.model: _Model | None = None
+        self.placement: dict = {}
+
+    def fit(self, feats, idx: np.ndarray, reduce, cluster, timings: dict) -> None:
+        """PCA and KMeans fitted with cuml.dask on the sample, read by the workers onto their GPUs."""
+        import dask.array as da
+        from distributed import wait
+
+        client, backend = self.client, self.backend
+        d = feats.shape[-1]
+        t0 = time.perf_counter()
+        self.parts = _spread_parts(client, backend, feats, idx, feats.chunks[0], self.workers)
+        wait([f for f, _ in self.parts])
+        timings["read_sample"] = time.perf_counter() - t0
+        self.placement = _placement(client, self.parts)
+        meta = backend.xp.empty((0, d), dtype=np.float32)
+        x = da.concatenate([da.from_delayed(f, shape=(m, d), dtype=np.float32, meta=meta) for f, m in self.parts])
+
+        t1 = time.perf_counter()
+        pca = backend.dask_pca(client, min(reduce.pca_components, d))
+        pca.fit(x)
+        z = pca.transform(x)
+        t2 = time.perf_counter()
+        kmeans = backend.dask_kmeans(client, cluster.n_clusters, self.seed)
+        kmeans.fit(z)
+        t3 = time.perf_counter()
+        timings.update({"fit": t3 - t1, "reduce_fit": t2 - t1, "k_sweep": 0.0, "cluster_fit": t3 - t2})
+
+        model = _Model(reduce, cluster, self.seed, backend, d)  # the single-GPU chain the workers apply
+        model.pca = pca.get_combined_model()
+        model.clusterer = kmeans.get_combined_model()
+        self.model = model
 
     def assign_all(self, e: int, rows: int) -> dict[int, int]:
-        """Every store chunk transformed, assigned and written by a worker (the scheduler balances them)."""
+        """Every store chunk transformed, assigned and written by one of the GPU workers (the
+        scheduler balances them)."""
         from distributed import as_completed
 
-        model = self.client.scatter(self.model, broadcast=True, hash=False)
+        client, workers = self.client, self.workers
+        model = client.scatter(self.model, workers=workers, broadcast=True, hash=False)
         blocks = list(_blocks(e, rows))
-        futures = self.client.map(
-            _assign_rows, [model] * len(blocks), [self.store] * len(blocks), *zip(*blocks), pure=False
-        )
+        n = len(blocks)
+        futures = client.map(_assign_rows, [model] * n, [self.store] * n, *zip(*blocks), workers=workers, pure=False)
         counts: dict[int, int] = {}
         for fut in as_completed(futures):
             _add_counts(counts, fut.result())
@@ -357,16 +403,16 @@ class _SpreadFit:
         return self.backend.silhouette(z, labels, sample, self.seed)
 
     def release(self) -> None:
-        self.client.cancel([f for f, _ in self.parts])
+        if self.parts:
+            self.client.cancel([f for f, _ in self.parts])
         self.parts = []
 
 
-def _spread_parts(client, backend: LearnBackend, feats, idx: np.ndarray, rows: int):
+def _spread_parts(client, backend: LearnBackend, feats, idx: np.ndarray, rows: int, workers: list[str]):
     """Futures of the sample's parts, one per store chunk that holds sampled maps, each read by the
-    worker it is pinned to (round-robin over the workers, so every worker holds a share)."""
+    worker it is pinned to (round-robin over ``workers``, so every one holds a share)."""
     e, nl, nh, _ = feats.shape
     per_ex = nl * nh
-    workers = sorted(client.scheduler_info()["workers"])
     parts = []
     for start, stop in _blocks(e, rows):
         lo, hi = np.searchsorted(idx, [start * per_ex, stop * per_ex])
@@ -393,34 +439,3 @@ def _placement(client, parts) -> dict:
         "workers_with_parts": len(addrs),
         "gpus_with_parts": len({ids[a] for a in addrs if ids.get(a)}),
     }
-
-
-def _fit_spread(client, g, feats, idx, reduce, cluster, backend: LearnBackend, seed: int, timings: dict) -> _SpreadFit:
-    """PCA and KMeans fitted with cuml.dask on the sample, read by the workers onto their GPUs."""
-    import dask.array as da
-    from distributed import wait
-
-    d = feats.shape[-1]
-    t0 = time.perf_counter()
-    parts = _spread_parts(client, backend, feats, idx, feats.chunks[0])
-    wait([f for f, _ in parts])
-    timings["read_sample"] = time.perf_counter() - t0
-    placement = _placement(client, parts)
-    meta = backend.xp.empty((0, d), dtype=np.float32)
-    x = da.concatenate([da.from_delayed(f, shape=(m, d), dtype=np.float32, meta=meta) for f, m in parts])
-
-    t1 = time.perf_counter()
-    n_components = min(reduce.pca_components, d)
-    pca = backend.dask_pca(client, n_components)
-    pca.fit(x)
-    z = pca.transform(x)
-    t2 = time.perf_counter()
-    kmeans = backend.dask_kmeans(client, cluster.n_clusters, seed)
-    kmeans.fit(z)
-    t3 = time.perf_counter()
-    timings.update({"fit": t3 - t1, "reduce_fit": t2 - t1, "k_sweep": 0.0, "cluster_fit": t3 - t2})
-
-    model = _Model(reduce, cluster, seed, backend, d)  # the single-GPU chain the workers apply
-    model.pca = pca.get_combined_model()
-    model.clusterer = kmeans.get_combined_model()
-    return _SpreadFit(client, backend, feats.store, parts, model, placement, seed)

@@ -17,7 +17,7 @@ from helpers import E, H, L, learn_sections, planted_store
 
 import rapids_attn.learn.fit as fit_mod
 from rapids_attn.backends.learn import LearnBackend
-from rapids_attn.learn.fit import _sample_maps, _spread_parts, fit_store
+from rapids_attn.learn.fit import _sample_maps, _spread_parts, fit_store, one_worker_per_gpu
 from rapids_attn.store import schema as S
 
 
@@ -75,7 +75,8 @@ def test_workers_read_the_sample_and_hold_it_spread(tmp_path, client, monkeypatc
     feats = g[S.FEATURES]
     idx = _sample_maps(E * L * H, 200, seed=0)
     _forbid_reads_here(monkeypatch)
-    parts = _spread_parts(client, LearnBackend("sklearn", "test"), feats, idx, feats.chunks[0])
+    workers = sorted(client.scheduler_info()["workers"])
+    parts = _spread_parts(client, LearnBackend("sklearn", "test"), feats, idx, feats.chunks[0], workers)
     assert len(parts) == -(-E // feats.chunks[0])  # one part per store chunk holding sampled maps
     assert sum(m for _, m in parts) == len(idx)
     wait([f for f, _ in parts])
@@ -99,7 +100,9 @@ def test_spread_fit_writes_what_the_single_process_fit_writes(tmp_path, client, 
     reduce, cluster = learn_sections(**{"reduce.fit_sample": 150})
     single = fit_store(g, reduce, cluster, LearnBackend("sklearn", "test"), seed=0)
 
-    monkeypatch.setattr(fit_mod, "count_gpu_workers", lambda c: 2)  # as if each worker had its own GPU
+    workers = sorted(client.scheduler_info()["workers"])
+    fake_ids = dict(zip(workers, ["GPU-a", "GPU-b"]))  # as if each worker had its own GPU
+    monkeypatch.setattr(fit_mod, "gpu_ids", lambda c: fake_ids)
     g2 = zarr.open_group(str(other), mode="r+")
     _forbid_reads_here(monkeypatch, only=S.FEATURES)  # the workers read every feature, for the fit and the assignment
     spread = fit_store(g2, reduce, cluster, _SpreadBackend("sklearn", "test"), seed=0, client=client, multi_gpu=True)
@@ -107,6 +110,7 @@ def test_spread_fit_writes_what_the_single_process_fit_writes(tmp_path, client, 
 
     assert spread["multi_gpu"] is True and single["multi_gpu"] is False
     assert spread["fit_placement"]["workers_with_parts"] == 2
+    assert spread["fit_placement"]["gpus_with_parts"] == 2  # the two (stand-in) UUIDs of the workers holding parts
     for name in (S.CLUSTER, S.REDUCED, S.COORDS):
         np.testing.assert_allclose(g2[name][:], g[name][:], atol=1e-3)
     assert spread["cluster_sizes"] == single["cluster_sizes"]
@@ -120,3 +124,20 @@ def test_spread_is_skipped_with_fewer_than_two_gpus(tmp_path, client):
     info = fit_store(g, reduce, cluster, LearnBackend("sklearn", "test"), client=client, multi_gpu=True)
     assert info["multi_gpu"] is False
     assert info["multi_gpu_skipped"] == "0 distinct GPU(s) among the workers"
+
+
+def test_one_worker_per_distinct_gpu():
+    """Workers without a GPU get no part, and of two workers on one GPU only one does (NCCL)."""
+    ids = {"tcp://b:1": "GPU-1", "tcp://a:1": "GPU-1", "tcp://c:1": None, "tcp://d:1": "GPU-2"}
+    assert one_worker_per_gpu(ids) == ["tcp://a:1", "tcp://d:1"]
+    assert one_worker_per_gpu({"tcp://a:1": None}) == []
+
+
+def test_two_workers_on_one_gpu_do_not_spread(tmp_path, client, monkeypatch):
+    g, _ = planted_store(tmp_path)
+    workers = sorted(client.scheduler_info()["workers"])
+    monkeypatch.setattr(fit_mod, "gpu_ids", lambda c: dict.fromkeys(workers, "GPU-a"))
+    reduce, cluster = learn_sections()
+    info = fit_store(g, reduce, cluster, _SpreadBackend("sklearn", "test"), client=client, multi_gpu=True)
+    assert info["multi_gpu"] is False
+    assert info["multi_gpu_skipped"] == "1 distinct GPU(s) among the workers"
