@@ -137,6 +137,7 @@ def _whole(cfg, run_dir: Path):
     from rapids_attn.extract.model import describe_model
     from rapids_attn.extract.shard import ShardTask
     from rapids_attn.extract.stage import plan_layout
+    from rapids_attn.store import schema as S
     from rapids_attn.store.zarr_store import create_store
 
     d = cfg.data
@@ -145,8 +146,9 @@ def _whole(cfg, run_dir: Path):
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, ("extract",))
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(examples), info.n_layers, info.n_heads, "minilm-l6")
     key = cfg.extraction_key()
-    ids, groups, labels = ([getattr(e, a) for e in examples] for a in ("id", "group", "label"))
-    create_store(run_dir / "store.zarr", layout, cfg.to_dict(), key, {}, ids, groups, labels)
+    g = create_store(run_dir / "store.zarr", layout, cfg.to_dict(), key, {})
+    for spec, attr in ((S.EXAMPLE_ID, "id"), (S.EXAMPLE_GROUP, "group"), (S.EXAMPLE_LABEL, "label")):
+        S.create_array(g, spec, (len(examples),), data=[getattr(e, attr) for e in examples])  # one chunk, as then
     tasks = []
     for s in range(layout.n_shards):
         a, b = layout.shard_rows(s)

@@ -54,7 +54,7 @@ def select_positions(n: int, limit: int | None = None, sample: int | None = None
     return keep
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rows:
     """Examples described, not held: the file records numbered ``records`` (ascending), each read forward
     from the nearest of ``seeks``, followed by the ``inline`` examples. What a shard task carries."""
@@ -74,7 +74,7 @@ class Rows:
         return [*out, *self.inline]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DataIndex:
     """The run's examples, by position: the selected records of the file, then the inline examples."""
 

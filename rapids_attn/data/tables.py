@@ -94,11 +94,12 @@ class ParquetSource:
 
         pf = _parquet_file(self.path)
         md = pf.metadata
+        leaves = {md.schema.column(i).path: i for i in range(md.num_columns)}  # a nested column has several
         for field in (self.spec.text, self.spec.pair):
             if field is None:
                 continue
-            col = pf.schema_arrow.get_field_index(field)
-            if all(_no_nulls(md.row_group(g), col) for g in range(md.num_row_groups)):
+            col = leaves.get(field)
+            if col is not None and all(_no_nulls(md.row_group(g), col) for g in range(md.num_row_groups)):
                 continue
             row = 0
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[field]):

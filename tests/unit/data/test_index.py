@@ -383,6 +383,19 @@ def test_parquet_null_text_names_file_row_and_field(tmp_path):
         build_index(path, text_fields=["text", "ctx"])
 
 
+def test_parquet_null_check_finds_its_column_behind_nested_ones(tmp_path):
+    """Row-group statistics are per leaf column: a struct before the text column must not shift which
+    column's null count is read (here the struct's leaves have no nulls and the text has one)."""
+    rows = [{"meta": {"a": i, "b": "x"}, "text": f"t{i}", "other": f"o{i}"} for i in range(8)]
+    rows[6]["text"] = None
+    path = write_parquet(tmp_path / "d.parquet", rows, row_group_size=3)
+    with pytest.raises(DataError, match=r"row 6 of .*d\.parquet field 'text' is empty"):
+        build_index(path)
+    rows[6]["text"] = "t6"
+    write_parquet(path, rows, row_group_size=3)
+    assert [e.text for e in read_examples(path)] == [f"t{i}" for i in range(8)]
+
+
 def test_parquet_nested_text_column_is_refused(tmp_path):
     path = write_parquet(tmp_path / "d.parquet", [{"text": ["a", "b"]}])
     with pytest.raises(DataError, match=r"the schema of .*d\.parquet field 'text' is a list<.*> column, not text"):
