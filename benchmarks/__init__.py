@@ -3,3 +3,20 @@
 They live beside the package, not in it (as scikit-learn's asv_benchmarks do): they need the
 checkout's jobs/ and the sibling ../shared data, which an installed wheel has neither of.
 """
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def run_in_process(module: str, *args: str) -> dict:
+    """Run ``python -m module *args`` from the repository root, in a fresh process (so each case's
+    peak memory is its own), and return the JSON it printed on its last ``RESULT `` line."""
+    p = subprocess.run([sys.executable, "-m", module, *args], check=False, capture_output=True, text=True, cwd=_REPO)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])

@@ -14,11 +14,12 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import run_in_process
 
 #: The repository root: each case runs as ``python -m benchmarks.case`` from here.
 REPO = Path(__file__).resolve().parent.parent
@@ -28,17 +29,7 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
 
 def run_case(spec: dict) -> dict:
     t0 = time.perf_counter()
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.case", json.dumps(spec)],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        raise RuntimeError(f"benchmark case {spec} failed:\n{p.stderr[-3000:]}")
-    r = json.loads(lines[-1][len("RESULT ") :])
+    r = run_in_process("benchmarks.case", json.dumps(spec))
     print(
         f"  {spec['case']:<9} {json.dumps({k: v for k, v in spec.items() if k not in ('case', 'data', 'store')})}"
         f"  ({time.perf_counter() - t0:.0f}s)",

@@ -21,11 +21,12 @@ import os
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"text_fields": ["text"], "id_field": "id", "group_field": "topic", "label_field": "label"}
@@ -159,17 +160,7 @@ def _whole(cfg, run_dir: Path):
 
 
 def run_case(spec: dict) -> dict:
-    p = subprocess.run(
-        [sys.executable, "-m", "benchmarks.driver_memory", "--case", json.dumps(spec)],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        raise RuntimeError(f"driver case {spec} failed:\n{p.stderr[-3000:]}")
-    r = json.loads(lines[-1][len("RESULT ") :])
+    r = run_in_process("benchmarks.driver_memory", "--case", json.dumps(spec))
     print(
         f"  {spec['format']:<8} {spec['path']:<6} {r['examples']:>9,}: {r['peak_rss'] / 2**20:,.0f} MB, "
         f"{r['seconds']:.1f} s",

@@ -111,3 +111,18 @@ def plain_value(record: Mapping[str, Any], field: str | None) -> str:
     if field is None or record[field] is None:
         return ""
     return str(record[field])
+
+
+class FieldsSource:
+    """What every record source tells the index about its fields (mixed into each source class)."""
+
+    spec: FieldSpec | None
+
+    @property
+    def numbered(self) -> bool:
+        """The ids are record (or line) numbers, so they are unique without a check."""
+        return self.spec is None or self.spec.id is None
+
+    @property
+    def pairs(self) -> bool:
+        return self.spec is not None and self.spec.pair is not None

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rapids_attn.data.example import Example
-from rapids_attn.data.fields import FieldSpec
+from rapids_attn.data.fields import FieldSpec, FieldsSource
 from rapids_attn.errors import DataError
 
 BOM = b"\xef\xbb\xbf"
@@ -91,7 +91,7 @@ class LineReader:
 
 
 @dataclass(frozen=True)
-class LineSource:
+class LineSource(FieldsSource):
     """A line-based file: where it is and how its records become Examples. Small and picklable."""
 
     path: str
@@ -104,15 +104,6 @@ class LineSource:
     def __post_init__(self) -> None:
         if self.stamp is None:
             object.__setattr__(self, "stamp", file_stamp(self.path))
-
-    @property
-    def numbered(self) -> bool:
-        """The ids are record (or line) numbers, so they are unique without a check."""
-        return self.spec is None or self.spec.id is None
-
-    @property
-    def pairs(self) -> bool:
-        return self.spec is not None and self.spec.pair is not None
 
     def _stream(self, lines: LineReader) -> Iterator[tuple[int, int, int, Any]]:
         """Every record from the reader's position: (offset before it, line before it, its line, raw)."""

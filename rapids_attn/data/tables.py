@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rapids_attn.data.example import Example
-from rapids_attn.data.fields import FieldSpec, empty_id, not_text
+from rapids_attn.data.fields import FieldSpec, FieldsSource, empty_id, not_text
 from rapids_attn.data.linefiles import changed, check_stamp, file_stamp
 from rapids_attn.errors import DataError
 
@@ -52,7 +52,7 @@ def _parquet_file(path):
 
 
 @dataclass(frozen=True)
-class ParquetSource:
+class ParquetSource(FieldsSource):
     """A Parquet file: one Example per row, fields from its columns."""
 
     path: str
@@ -65,14 +65,6 @@ class ParquetSource:
     def __post_init__(self) -> None:
         if self.stamp is None:
             object.__setattr__(self, "stamp", file_stamp(self.path))
-
-    @property
-    def numbered(self) -> bool:
-        return self.spec.id is None
-
-    @property
-    def pairs(self) -> bool:
-        return self.spec.pair is not None
 
     @classmethod
     def open(cls, path: Path, spec: FieldSpec) -> ParquetSource:
@@ -180,7 +172,7 @@ def _load_hf(path):
 
 
 @dataclass(frozen=True)
-class HfSource:
+class HfSource(FieldsSource):
     """A directory written by ``datasets`` ``save_to_disk`` (Dataset, or a DatasetDict and the split used)."""
 
     path: str
@@ -188,14 +180,6 @@ class HfSource:
     split: str | None = None
 
     format = "hf"
-
-    @property
-    def numbered(self) -> bool:
-        return self.spec.id is None
-
-    @property
-    def pairs(self) -> bool:
-        return self.spec.pair is not None
 
     @property
     def where(self) -> str:
