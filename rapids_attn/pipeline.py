@@ -41,9 +41,15 @@ _HOW = {
 
 
 def parse_stages(text: str | None) -> tuple[str, ...]:
-    if not text:
+    """``--stages``: None (not given) is every stage; a given value must name at least one."""
+    if text is None:
         return tuple(STAGES)
     names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise JobConfigError(
+            f"--stages: no stage named in {text!r}; give one or more of {', '.join(STAGES)}, comma-separated "
+            "(or leave --stages out to run them all)"
+        )
     for s in names:
         if s not in STAGES:
             near = difflib.get_close_matches(s, list(STAGES), n=1)
