@@ -35,6 +35,39 @@ class LearnStage(Stage):
     def from_job(cls, cfg) -> LearnStage:
         return cls(cfg.reduce, cfg.cluster, cfg.runtime.seed)
 
+    def check(self, ctx: RunContext) -> None:
+        """The learn settings fit the maps this run has (examples x kept layers x kept heads): KMeans's k,
+        the k sweep's first k (each below the maps it fits on) and PCA's components (at most them). The
+        sweep's last k is clipped to one below the maps it fits on (sweep_k), not refused."""
+        from rapids_attn.errors import JobConfigError
+
+        lay = ctx.layout
+        n_maps = lay.n_examples * len(lay.layers) * len(lay.heads)
+        maps = f"{n_maps} maps ({lay.n_examples} examples x {len(lay.layers)} layers x {len(lay.heads)} heads)"
+        fit_n = min(n_maps, self.reduce_cfg.fit_sample)
+        fitted = maps if fit_n == n_maps else f"{fit_n} maps of reduce.fit_sample"
+        components = min(self.reduce_cfg.pca_components, lay.feature_dim)
+        if fit_n < components:
+            raise JobConfigError(
+                f"reduce.pca_components: {components} components need at least {components} maps to fit on; "
+                f"this run has {maps}: lower reduce.pca_components or add examples"
+            )
+        c = self.cluster_cfg
+        if c.method != "kmeans":
+            return
+        if isinstance(c.n_clusters, int) and c.n_clusters >= fit_n:  # as the sweep: k below the maps (silhouette)
+            raise JobConfigError(
+                f"cluster.n_clusters: {c.n_clusters} clusters needs more maps than the {fitted} KMeans fits on; "
+                f"use at most {fit_n - 1}, or n_clusters: auto"
+            )
+        sweep_n = min(fit_n, c.sweep_sample)
+        if c.k_sweep is not None and c.k_sweep[0] >= sweep_n:
+            raise JobConfigError(
+                f"cluster.k_sweep: its first k {c.k_sweep[0]} is not below the {sweep_n} maps the sweep fits on "
+                f"(of {maps}; at most reduce.fit_sample and cluster.sweep_sample); lower it, or set k_sweep: null "
+                "to skip the sweep"
+            )
+
     def uses_cluster(self, ctx: RunContext) -> bool:
         # only a multi-GPU fit (cuml.dask) runs on the workers; any other fit runs in this process,
         # and idle workers (with their RMM pools) would hold memory it needs
