@@ -1,6 +1,7 @@
 """The job file: a pydantic v2 tree, one model per section, unknown keys rejected.
 
-``load_job(path, overrides)`` reads YAML with ``yaml.safe_load``, merges the presets named in
+``load_job(path, overrides)`` reads YAML with :class:`JobLoader` (``yaml.SafeLoader`` that refuses
+duplicate keys), merges the presets named in
 ``extends`` (a ``configs/`` folder beside the job file, then the built-in ``rapids_attn/presets``),
 applies ``--set a.b=value`` overrides, and validates. Every
 error becomes one :class:`JobConfigError` line that names the field and says how to fix it; an
@@ -14,12 +15,14 @@ import copy
 import difflib
 import hashlib
 import json
+import re
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rapids_attn.errors import JobConfigError
 
@@ -36,8 +39,54 @@ def builtin_presets() -> Traversable:
     return resources.files("rapids_attn") / "presets"
 
 
+def _leaf_types(annotation: Any) -> set:
+    """The plain types an annotation admits (``int | None`` -> {int, NoneType}; ``Literal`` leaves are
+    left out: they name their own values)."""
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return {annotation} if isinstance(annotation, type) else set()
+    if origin is Literal:
+        return set()
+    if origin is typing.Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin in (list, tuple, set, dict):
+        return set()
+    return set().union(*(_leaf_types(a) for a in typing.get_args(annotation)))
+
+
+def _numeric_kind(annotation: Any) -> tuple[str | None, bool]:
+    """("int"/"float"/None, whether it is a list of them) for a field that does not admit a bool."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is list or (origin is not None and any(typing.get_origin(a) is list for a in args)):
+        inner = next((a for a in (annotation, *args) if typing.get_origin(a) is list), None)
+        kind, _ = _numeric_kind(typing.get_args(inner)[0]) if inner is not None else (None, False)
+        return kind, True
+    leaves = _leaf_types(annotation)
+    if bool in leaves:
+        return None, False
+    return ("int" if int in leaves else "float" if float in leaves else None), False
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info) -> Any:
+        """pydantic reads ``true`` as 1 for an int (and 1.0 for a float) field: a YAML ``limit: true`` would
+        silently mean one example. A number field that does not admit a bool refuses one."""
+        field = cls.model_fields.get(info.field_name)
+        if field is None:
+            return value
+        kind, is_list = _numeric_kind(field.annotation)
+        if kind is None:
+            return value
+        values = value if is_list and isinstance(value, list) else [value]
+        if any(isinstance(v, bool) for v in values):
+            what = "a whole number" if kind == "int" else "a number"
+            raise ValueError(f"must be {what}{' in each entry' if is_list else ''}, not true/false")
+        return value
 
 
 class ProbeConfig(Section):
@@ -136,12 +185,34 @@ class StoreConfig(Section):
     compression_level: int = Field(3, ge=0, le=9)
 
 
+#: UMAP metrics both backends accept on the (dense, signed) PCA output: umap-learn 0.5's named distances
+#: intersected with cuML 26.10's brute-force kNN metrics for dense input (the build cuML uses when, as
+#: here, random_state is set). Left out: hellinger (needs non-negative input; PCA coordinates are signed),
+#: and names only one backend knows (cityblock, sqeuclidean: cuML only; braycurtis, mahalanobis, ...:
+#: umap-learn only).
+UmapMetric = Literal[
+    "euclidean",
+    "l2",
+    "manhattan",
+    "l1",
+    "taxicab",
+    "chebyshev",
+    "linf",
+    "minkowski",
+    "cosine",
+    "correlation",
+    "canberra",
+    "hamming",
+]
+
+
 class UmapConfig(Section):
     enabled: bool = False
     n_components: int = Field(2, ge=2)
     n_neighbors: int = Field(15, ge=2)
     min_dist: float = Field(0.1, ge=0)
-    metric: str = "euclidean"
+    #: one of :data:`UmapMetric` (accepted by both umap-learn and cuML).
+    metric: UmapMetric = "euclidean"
 
 
 class ReduceConfig(Section):
@@ -153,12 +224,29 @@ class ReduceConfig(Section):
     #: with many examples (many questions on one context) do not dominate the fit.
     sample_by: Literal["none", "group"] = "none"
 
+    @field_validator("fit_sample")
+    @classmethod
+    def _fit_sample_holds_components(cls, value: int, info) -> int:
+        components = info.data.get("pca_components")  # validated before (declared first); absent if invalid
+        if components is not None and value < components:
+            raise ValueError(
+                f"smaller than reduce.pca_components {components}; PCA needs at least as many maps "
+                "as components: raise reduce.fit_sample or lower reduce.pca_components"
+            )
+        return value
+
+
+#: the most cluster counts one k sweep may fit (``cluster.k_sweep``).
+MAX_K_SWEEP = 200
+
 
 class ClusterConfig(Section):
     method: Literal["kmeans", "dbscan", "hdbscan"] = "kmeans"
     #: kmeans: the number of clusters, or ``auto`` (the best silhouette of the k sweep).
     n_clusters: int | Literal["auto"] = 8
     #: kmeans: [first, last] cluster counts to sweep (inertia and silhouette on a sample); None skips.
+    #: At most :data:`MAX_K_SWEEP` values (each is a KMeans fit); a last k at or above the maps in the
+    #: sweep sample is clipped to one below it (preflight refuses a first k there).
     k_sweep: list[int] | None = Field(default_factory=lambda: [2, 16], min_length=2, max_length=2)
     #: maps drawn from the fit sample for the sweep.
     sweep_sample: int = Field(20_000, gt=0)
@@ -167,6 +255,16 @@ class ClusterConfig(Section):
     min_cluster_size: int = Field(20, ge=2)
     #: maps sampled for the silhouette score in summary.json (0 skips it).
     silhouette_sample: int = Field(5000, ge=0)
+
+    @field_validator("k_sweep")
+    @classmethod
+    def _bounded_sweep(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and value[1] - value[0] + 1 > MAX_K_SWEEP:
+            raise ValueError(
+                f"spans {value[1] - value[0] + 1} cluster counts (a KMeans fit each); the most is {MAX_K_SWEEP}, "
+                f"e.g. [{value[0]}, {value[0] + MAX_K_SWEEP - 1}]"
+            )
+        return value
 
     @model_validator(mode="after")
     def _k(self) -> ClusterConfig:
@@ -223,12 +321,25 @@ class RuntimeConfig(Section):
 
 
 class OutputConfig(Section):
-    #: the run directory; relative paths are relative to the current directory.
+    #: the run directory; relative paths are relative to the current directory. ``{name}`` is replaced
+    #: by the job's name; no other ``{...}`` field is known.
     dir: Path = Path("runs/{name}")
+
+    @field_validator("dir")
+    @classmethod
+    def _only_name_field(cls, value: Path) -> Path:
+        try:
+            str(value).format(name="job")
+        except (KeyError, IndexError, ValueError, AttributeError) as e:
+            raise ValueError(
+                f"only {{name}} may be written in braces (not {e}); double a literal brace: {{{{ }}}}"
+            ) from None
+        return value
 
 
 class JobConfig(Section):
-    name: str = Field("job", pattern=r"^[A-Za-z0-9_.-]+$")
+    #: a plain file name (it becomes the run directory's name under the default ``output.dir``).
+    name: str = "job"
     extends: list[str] = []
     data: DataConfig
     model: ModelConfig
@@ -240,6 +351,16 @@ class JobConfig(Section):
     explain: ExplainConfig = ExplainConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _plain_file_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", value) or set(value) == {"."}:
+            raise ValueError(
+                "must be a plain file name: letters, digits, '_', '-' and '.', and not '.' or '..' "
+                "(it names the run directory), e.g. name: my-job"
+            )
+        return value
 
     @property
     def run_dir(self) -> Path:
@@ -277,16 +398,52 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping in the job (or a preset) gives one key twice; YAML itself would keep the last silently."""
+
+
+class JobLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, naming it and both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:  # the mapping's own keys: one a merge (<<) brings in may be overridden
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                try:
+                    key = self.construct_object(key_node, deep=True)
+                    hash(key)
+                except (TypeError, yaml.constructor.ConstructorError):
+                    continue  # the base class reports an unhashable key
+                if key in seen:
+                    raise DuplicateKeyError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first on line {seen[key] + 1}); keep one of them",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML as the job file is parsed: safe, and refusing duplicate keys."""
+    return yaml.load(text, Loader=JobLoader)  # JobLoader is a SafeLoader
+
+
 def _read_yaml(path: Path | Traversable, what: str) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise JobConfigError(f"{what}: no such file: {path}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
+        if isinstance(e, DuplicateKeyError):
+            raise JobConfigError(f"{path}{where}: {e.problem}") from None
         raise JobConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
     if raw is None:
         return {}
@@ -391,7 +548,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise JobConfigError(f"--set {text}: the key '{key}' has an empty part")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = yaml_load(value) if value.strip() else None
+    except DuplicateKeyError as e:
+        raise JobConfigError(f"--set {text}: {e.problem}") from None
     except yaml.YAMLError:
         parsed = value
     return parts, parsed

@@ -184,9 +184,10 @@ def test_extraction_key_ignores_learn_settings(tmp_path):
     assert a.extraction_key() != c.extraction_key()
 
 
-def test_name_pattern(tmp_path):
-    with pytest.raises(JobConfigError, match=r"name: String should match pattern"):
-        load_job(minimal(tmp_path, "name: 'has space'\n"))
+@pytest.mark.parametrize("name", ["'has space'", "'.'", "'..'", "a/b"])
+def test_name_is_a_plain_file_name(tmp_path, name):
+    with pytest.raises(JobConfigError, match=r"name: must be a plain file name"):
+        load_job(minimal(tmp_path, f"name: {name}\n"))
 
 
 def test_run_dir_uses_name(tmp_path):
