@@ -1,0 +1,129 @@
+"""Bad inputs from the hostile-user catalogue (issue 12): each is refused by ``--check`` (and so by a run)
+with exit 2 and one line on stderr that names the field, before anything is written."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import make_job
+
+from rapids_attn.run import main
+
+# (case id, job changes as --set words, extra CLI arguments, text appended to the job file, what the
+# one line must name). The tiny job has 20 examples x 2 layers x 2 heads = 80 maps, pooled features of
+# dim 16, pca_components 4, n_clusters 3.
+CASES = [
+    ("name-dot", ["name=."], [], "", "name:"),
+    ("name-dotdot", ["name=.."], [], "", "name:"),
+    ("name-slash", ["name=a/b"], [], "", "name:"),
+    ("output-dir-unknown-field", ["output.dir=runs/{nam}"], [], "", "output.dir:"),
+    ("stages-comma", [], ["--stages", ","], "", "--stages: no stage named"),
+    ("stages-blanks", [], ["--stages", " , ,"], "", "--stages: no stage named"),
+    ("stages-empty", [], ["--stages", ""], "", "--stages: no stage named"),
+    ("limit-true", ["data.limit=true"], [], "", "data.limit:"),
+    ("sample-false", ["data.sample=false"], [], "", "data.sample:"),
+    ("shard-size-true", ["extract.shard_size=true"], [], "", "extract.shard_size:"),
+    ("n-clusters-true", ["cluster.n_clusters=true"], [], "", "cluster.n_clusters:"),
+    ("fit-sample-true", ["reduce.fit_sample=true"], [], "", "reduce.fit_sample:"),
+    ("pca-components-true", ["reduce.pca_components=true"], [], "", "reduce.pca_components:"),
+    ("layers-entry-true", ["extract.layers=[0, true]"], [], "", "extract.layers:"),
+    ("k-sweep-entry-true", ["cluster.k_sweep=[2, true]"], [], "", "cluster.k_sweep:"),
+    ("probe-count-true", ["data.probe.count=true"], [], "", "data.probe.count:"),
+    ("min-dist-true", ["reduce.umap.min_dist=true"], [], "", "reduce.umap.min_dist:"),
+    ("duplicate-key", [], [], "name: again\n", "duplicate key 'name'"),
+    ("n-clusters-above-maps", ["cluster.n_clusters=100000"], [], "", "cluster.n_clusters:"),
+    ("n-clusters-equal-maps", ["cluster.n_clusters=80"], [], "", "cluster.n_clusters:"),
+    ("n-clusters-above-fit-sample", ["cluster.n_clusters=30", "reduce.fit_sample=20"], [], "", "cluster.n_clusters:"),
+    ("k-sweep-span", ["cluster.k_sweep=[2, 100000]"], [], "", "cluster.k_sweep:"),
+    ("k-sweep-first-above-maps", ["cluster.k_sweep=[90, 100]"], [], "", "cluster.k_sweep:"),
+    ("fit-sample-1", ["reduce.fit_sample=1"], [], "", "reduce.fit_sample:"),
+    ("fit-sample-below-components", ["reduce.fit_sample=3"], [], "", "reduce.fit_sample:"),
+    (
+        "pca-components-above-maps",
+        ["data.limit=1", "extract.layers=[0]", "extract.heads=[0]", "cluster.k_sweep=null", "cluster.n_clusters=2"],
+        [],
+        "",
+        "reduce.pca_components:",
+    ),
+    ("umap-metric", ["reduce.umap.enabled=true", "reduce.umap.metric=nosuch"], [], "", "reduce.umap.metric:"),
+    ("umap-metric-one-backend", ["reduce.umap.enabled=true", "reduce.umap.metric=sqeuclidean"], [], "", "metric"),
+]
+
+
+def _job_file(tmp_path: Path, job: dict, append: str = "") -> Path:
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job, sort_keys=False) + append)
+    return p
+
+
+@pytest.mark.parametrize(("sets", "args", "append", "names"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, tiny_bert_dir, pair_data, sets, args, append, names):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    argv = [str(_job_file(tmp_path, job, append)), "--check", *args]
+    for word in sets:
+        argv += ["--set", word]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert names in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_duplicate_key_names_its_line(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    p = _job_file(tmp_path, job)
+    text = p.read_text()
+    p.write_text(text.replace("  format: jsonl\n", "  format: jsonl\n  format: csv\n", 1))
+    line = p.read_text().splitlines().index("  format: csv") + 1
+    assert main([str(p), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"line {line}: duplicate key 'format' (first on line {line - 1})" in err
+
+
+def test_duplicate_key_in_a_preset_names_the_preset(tmp_path, capsys, tiny_bert_dir, pair_data):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "dup.yaml").write_text("cluster:\n  n_clusters: 3\n  n_clusters: 4\n")
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    job["extends"] = ["dup"]
+    assert main([str(_job_file(tmp_path, job)), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dup.yaml line 3: duplicate key 'n_clusters'" in err
+
+
+def test_merge_keys_may_be_overridden(tmp_path, capsys, tiny_bert_dir, pair_data):
+    """Overriding a key a YAML merge (<<) brings in is not a duplicate."""
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    p = _job_file(tmp_path, job)
+    text = p.read_text().replace("cluster:\n", "cluster: &c\n", 1)
+    p.write_text(text + "explain:\n  <<: {report: false, head_views: 1}\n  head_views: 0\n")
+    assert main([str(p), "--check"]) == 0, capsys.readouterr().err
+
+
+def test_legitimate_tiny_job_passes_check(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data, reduce={"umap": {"enabled": True, "metric": "cosine"}})
+    assert main([str(_job_file(tmp_path, job)), "--check", "--set", "name=my.job-1"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: 20 examples, 2 layers x 2 heads, 4 shards" in out  # shard_size 6 below the data: unchanged
+    assert not (tmp_path / "run").exists()
+
+
+def test_shard_size_is_capped_at_the_data(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data, extract={"shard_size": 50000})
+    assert main([str(_job_file(tmp_path, job)), "--check"]) == 0
+    assert "ok: 20 examples, 2 layers x 2 heads, 1 shards" in capsys.readouterr().out
+
+
+def test_learn_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_data):
+    """The most clusters preflight allows, a sweep clipped at the maps, a fit sample of exactly the PCA
+    components and a data-capped shard size run to the end."""
+    job = make_job(
+        tmp_path,
+        tiny_bert_dir,
+        pair_data,
+        extract={"shard_size": 50000},
+        reduce={"fit_sample": 4, "pca_components": 4},
+        cluster={"n_clusters": 3, "k_sweep": [2, 150]},
+        explain={"report": False, "head_views": 0},
+    )
+    assert main([str(_job_file(tmp_path, job))]) == 0, capsys.readouterr().err
