@@ -51,7 +51,7 @@ def sections(method: str, umap: bool):
 def client():
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0")
     with cluster, Client(cluster) as c:
         yield c
 

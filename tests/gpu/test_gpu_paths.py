@@ -167,7 +167,7 @@ def test_multi_gpu_fit_spreads_over_every_gpu(tmp_path):
 
     g, truth = planted_store(tmp_path)
     reduce, cluster = learn_sections()
-    with LocalCUDACluster(dashboard_address=None) as lc, Client(lc) as client:
+    with LocalCUDACluster(dashboard_address=":0") as lc, Client(lc) as client:
         info = fit_store(g, reduce, cluster, resolve_learn_backend("gpu"), client=client, multi_gpu=True)
     assert info["multi_gpu"] is True
     assert info["fit_placement"]["gpus_with_parts"] == torch.cuda.device_count()

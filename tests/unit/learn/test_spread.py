@@ -52,7 +52,7 @@ class _SpreadBackend(LearnBackend):
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     with cluster, Client(cluster) as c:
         yield c
 
