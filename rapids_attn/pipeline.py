@@ -173,6 +173,13 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite: 
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
     plan = preflight(cfg, stages, overwrite)
+    from rapids_attn.runlock import run_lock
+
+    with run_lock(plan.ctx.run_dir):  # from here on this run writes: one run per run directory
+        return _run_stages(cfg, plan)
+
+
+def _run_stages(cfg: JobConfig, plan: RunPlan) -> dict:
     ctx, built = plan.ctx, plan.stages
     write_resolved_job(ctx)
     using = [i for i, st in enumerate(built) if st.uses_cluster(ctx)]
