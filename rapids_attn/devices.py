@@ -188,12 +188,6 @@ def gpu_ids(client) -> dict[str, str | None]:
         return {}
 
 
-def count_gpu_workers(client) -> int:
-    """Distinct GPUs among the Dask workers: two worker processes on one GPU count once (NCCL,
-    under cuml.dask, refuses two ranks on one device)."""
-    return len({v for v in gpu_ids(client).values() if v is not None})
-
-
 def empty_device_cache() -> None:
     """Give PyTorch's cached GPU blocks back (a no-op without CUDA), e.g. after a worker drops its model."""
     with contextlib.suppress(ImportError, RuntimeError):
