@@ -370,10 +370,14 @@ class JobConfig(Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
-    def extraction_key(self) -> str:
-        """Hash of everything that decides the store's contents; a store from another key is refused."""
+    def extraction_key(self, data_fingerprint: str = "") -> str:
+        """Hash of everything that decides the store's contents; a store from another key is refused.
+
+        ``data_fingerprint`` is the dataset's content hash (:attr:`DataIndex.fingerprint`): the same settings
+        over an edited file are a different store, never reused and never mixed into a resume."""
         d = self.to_dict()
         keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
+        keep["data_content"] = data_fingerprint
         # where and in which batches maps are computed does not change them (tested: batch invariance)
         keep["extract"] = {
             k: v

@@ -92,6 +92,9 @@ class DataIndex:
     inline: tuple[Example, ...] = ()
     #: the examples are text pairs
     pairs: bool = False
+    #: SHA-256 of the input's content (:func:`rapids_attn.data.fingerprint.content_fingerprint`); part of the
+    #: extraction key, so an edited dataset at the same path is a different store
+    fingerprint: str = ""
 
     def __len__(self) -> int:
         return len(self.records) + len(self.inline)

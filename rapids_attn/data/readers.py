@@ -23,6 +23,8 @@ from typing import Any
 
 from rapids_attn.data.example import Example
 from rapids_attn.data.fields import FieldSpec
+from rapids_attn.data.fingerprint import changed_while_reading, content_fingerprint
+from rapids_attn.data.fingerprint import stamp as data_stamp
 from rapids_attn.data.index import CHECKPOINT_EVERY, DataIndex, check_unique, duplicate, scan, select_positions
 from rapids_attn.data.linefiles import CsvSource, JsonlSource, TextSource, not_utf8
 from rapids_attn.data.tables import HfSource, ParquetSource
@@ -86,6 +88,7 @@ def build_index(
         )
     select_positions(0, limit=limit, sample=sample)  # the settings' own checks, before the pass
 
+    stamped = data_stamp(path)
     if fmt == "squad":
         try:
             examples = read_squad(path)
@@ -93,8 +96,10 @@ def build_index(
             raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
         _empty(len(examples), path)
         _check_unique_ids(examples, path)
+        digest = _fingerprint(path, stamped)
         keep = select_positions(len(examples), limit=limit, sample=sample, seed=seed)
-        return DataIndex(path, fmt, None, len(examples), range(0), inline=tuple(examples[i] for i in keep), pairs=True)
+        inline = tuple(examples[i] for i in keep)
+        return DataIndex(path, fmt, None, len(examples), range(0), inline=inline, pairs=True, fingerprint=digest)
 
     try:
         source = _open_source(path, fmt, text_fields, id_field, group_field, label_field)
@@ -102,10 +107,22 @@ def build_index(
         raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
     n, checkpoints, hashes = (0, None, None) if source is None else scan(source, path, checkpoint_every, collect)
     _empty(n, path)
-    index = DataIndex(path, fmt, source, n, range(n), checkpoints, checkpoint_every, pairs=source.pairs)
+    digest = _fingerprint(path, stamped)
+    index = DataIndex(
+        path, fmt, source, n, range(n), checkpoints, checkpoint_every, pairs=source.pairs, fingerprint=digest
+    )
     check_unique(index, hashes)
     del hashes
     return dataclasses.replace(index, records=select_positions(n, limit=limit, sample=sample, seed=seed))
+
+
+def _fingerprint(path: Path, stamped: tuple) -> str:
+    """The content hash of the input, refused if it changed since indexing began (the index and the hash
+    must describe the same bytes)."""
+    digest = content_fingerprint(path)
+    if data_stamp(path) != stamped:
+        raise changed_while_reading(path)
+    return digest
 
 
 def read_examples(

@@ -106,7 +106,11 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
         "job": ctx.job_name,
         "run_dir": str(ctx.run_dir),
         "model": dict(g.attrs.get(Attr.MODEL, {})),
-        "data": {"path": str(data.get("path")), "format": data.get("format")},
+        "data": {
+            "path": str(data.get("path")),
+            "format": data.get("format"),
+            "fingerprint": getattr(ctx.data, "fingerprint", ""),  # the content hash in the extraction key
+        },
         "counts": {
             "examples": int(layout.n_examples),
             "layers": len(layout.layers),

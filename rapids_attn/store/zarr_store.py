@@ -194,7 +194,8 @@ def inspect_store(path: Path, key: str, layout: StoreLayout) -> str:
 
 def foreign_store_error(path: Path) -> StoreError:
     return StoreError(
-        f"{path}: holds the store of a different job (data, model, extract, embed or store settings changed); "
+        f"{path}: holds the store of a different job (the dataset's content, or the data, model, extract, embed or "
+        "store settings changed); "
         "rerun with --overwrite to replace it, or set output.dir to a new run directory"
     )
 
