@@ -25,7 +25,15 @@ from rapids_attn.data.example import Example
 from rapids_attn.data.fields import FieldSpec
 from rapids_attn.data.fingerprint import changed_while_reading, content_fingerprint
 from rapids_attn.data.fingerprint import stamp as data_stamp
-from rapids_attn.data.index import CHECKPOINT_EVERY, DataIndex, check_unique, duplicate, scan, select_positions
+from rapids_attn.data.index import (
+    CHECKPOINT_EVERY,
+    DataIndex,
+    check_unique,
+    duplicate,
+    prefix_warning,
+    scan,
+    select_positions,
+)
 from rapids_attn.data.linefiles import CsvSource, JsonlSource, TextSource, not_utf8
 from rapids_attn.data.tables import HfSource, ParquetSource
 from rapids_attn.errors import DataError
@@ -99,7 +107,18 @@ def build_index(
         digest = _fingerprint(path, stamped)
         keep = select_positions(len(examples), limit=limit, sample=sample, seed=seed)
         inline = tuple(examples[i] for i in keep)
-        return DataIndex(path, fmt, None, len(examples), range(0), inline=inline, pairs=True, fingerprint=digest)
+        warn = None if sample is not None else prefix_warning([e.group for e in examples], len(keep), "questions")
+        return DataIndex(
+            path,
+            fmt,
+            None,
+            len(examples),
+            range(0),
+            inline=inline,
+            pairs=True,
+            fingerprint=digest,
+            warnings=(warn,) if warn else (),
+        )
 
     try:
         source = _open_source(path, fmt, text_fields, id_field, group_field, label_field)
@@ -221,10 +240,32 @@ def read_squad(path: Path) -> list[Example]:
                 qwhere = f"{pwhere}.qas[{q}]"
                 question = _squad_get(qa, "question", str, path, qwhere)
                 qid = _squad_get(qa, "id", (str, int), path, qwhere)
-                impossible = qa.get("is_impossible", False)  # SQuAD 1.1 has no is_impossible
-                label = "impossible" if impossible else "answerable"
+                label = _squad_label(qa, path, qwhere)
                 examples.append(Example(id=str(qid), text=question, text_pair=context, group=group, label=label))
     return examples
+
+
+def _squad_label(qa: dict, path: Path, where: str) -> str:
+    """ "impossible" or "answerable": SQuAD 2.0's ``is_impossible`` when given; otherwise the answers, since
+    an empty ``answers`` list is SQuAD 2.0's own mark of an unanswerable question (SQuAD 1.1 gives every
+    question answers and no ``is_impossible``). A question with neither (a test file) has no label."""
+    if "is_impossible" in qa:
+        flag = qa["is_impossible"]
+        if not isinstance(flag, bool):
+            raise DataError(
+                f"data.path: {where}.is_impossible in {path} is {flag!r}, not true or false; "
+                "fix the file so it follows the SQuAD JSON layout"
+            )
+        return "impossible" if flag else "answerable"
+    answers = qa.get("answers")
+    if answers is None:
+        return ""
+    if not isinstance(answers, list):
+        raise DataError(
+            f"data.path: {where}.answers in {path} is a {type(answers).__name__}, not a list; "
+            "fix the file so it follows the SQuAD JSON layout"
+        )
+    return "answerable" if answers else "impossible"
 
 
 def _squad_get(node: Any, key: str, kind: type | tuple[type, ...], path: Path, where: str) -> Any:

@@ -69,11 +69,46 @@ def test_squad_fields_group_and_label(tmp_path):
     ]
 
 
-def test_squad_1_1_without_is_impossible_is_answerable(tmp_path):
-    path = write_json(tmp_path / "v11.json", squad_doc(with_impossible=False))
-    examples = read_examples(path)
-    assert len(examples) == 4
-    assert {ex.label for ex in examples} == {"answerable"}
+def test_without_is_impossible_an_empty_answer_list_is_impossible(tmp_path):
+    """SQuAD 2.0 marks an unanswerable question by an empty ``answers`` list; ``is_impossible`` is an extra
+    some files leave out. Without it the labels must be the same as with it."""
+    with_flag = read_examples(write_json(tmp_path / "v2.json", squad_doc()))
+    without = read_examples(write_json(tmp_path / "v2-no-flag.json", squad_doc(with_impossible=False)))
+    assert (
+        [e.label for e in without]
+        == [e.label for e in with_flag]
+        == [
+            "answerable",
+            "impossible",
+            "answerable",
+            "impossible",
+        ]
+    )
+
+
+def test_squad_1_1_is_answerable_and_a_test_file_unlabelled(tmp_path):
+    doc = squad_doc(with_impossible=False)
+    for article in doc["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                qa["answers"] = [{"text": "Ann", "answer_start": 0}]
+    assert {e.label for e in read_examples(write_json(tmp_path / "v11.json", doc))} == {"answerable"}
+    for article in doc["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                del qa["answers"]
+    assert {e.label for e in read_examples(write_json(tmp_path / "test.json", doc))} == {""}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"), [("is_impossible", "yes", "not true or false"), ("answers", {}, "not a list")]
+)
+def test_squad_bad_label_fields_name_the_location(tmp_path, key, value, says):
+    doc = squad_doc(with_impossible=key == "is_impossible")  # answers decide only without is_impossible
+    doc["data"][0]["paragraphs"][1]["qas"][0][key] = value
+    path = write_json(tmp_path / "bad.json", doc)
+    with pytest.raises(DataError, match=rf"data\[0\]\.paragraphs\[1\]\.qas\[0\]\.{key} in .*bad\.json .*{says}"):
+        read_examples(path)
 
 
 def test_squad_missing_question_names_location(tmp_path):
