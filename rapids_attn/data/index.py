@@ -54,6 +54,35 @@ def select_positions(n: int, limit: int | None = None, sample: int | None = None
     return keep
 
 
+def prefix_warning(groups: Sequence[str], kept: int, what: str = "examples") -> str | None:
+    """A warning when ``data.limit`` (without ``sample``) keeps the first ``kept`` records of a file whose
+    ``groups`` come in runs (SQuAD's articles): a prefix then covers far fewer groups than a random draw
+    of the same size would (less than half the expected number, computed exactly from the group sizes),
+    and statistics by group describe a handful of them."""
+    n = len(groups)
+    if not 0 < kept < n:
+        return None
+    sizes = np.unique(np.asarray(groups, dtype=object), return_counts=True)[1].astype(float)
+    if len(sizes) < 2:
+        return None
+    from scipy.special import gammaln
+
+    def log_choose(a, b):
+        return gammaln(a + 1) - gammaln(b + 1) - gammaln(a - b + 1)
+
+    # E[groups hit by a draw of `kept` without replacement] = sum over groups of 1 - P(none of it drawn)
+    missed = np.where(n - sizes >= kept, np.exp(log_choose(n - sizes, kept) - log_choose(n, kept)), 0.0)
+    expected = float(np.sum(1.0 - missed))
+    got = len(set(groups[:kept]))
+    if got >= 0.5 * expected:
+        return None
+    return (
+        f"data.limit keeps the first {kept:,} of {n:,} {what} in file order: they come from {got} of {len(sizes):,} "
+        f"groups, where a random draw would cover about {expected:.0f}; set data.sample: {kept} (a seeded draw) "
+        "for a selection that represents the file"
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class Rows:
     """Examples described, not held: the file records numbered ``records`` (ascending), each read forward
@@ -95,6 +124,8 @@ class DataIndex:
     #: SHA-256 of the input's content (:func:`rapids_attn.data.fingerprint.content_fingerprint`); part of the
     #: extraction key, so an edited dataset at the same path is a different store
     fingerprint: str = ""
+    #: what the user should know about the selection (one line each; the pipeline prints them)
+    warnings: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.records) + len(self.inline)

@@ -434,3 +434,43 @@ def test_read_examples_keeps_what_the_pass_built(tmp_path, fmt, monkeypatch):
     monkeypatch.setattr(index_mod.Rows, "read", lambda self: again.append(len(self)))
     assert read_examples(path, sample=9, seed=2, **FIELDS) == old_select(expected, sample=9, seed=2)
     assert again == []
+
+
+# -- data.limit on a file whose groups come in runs ---------------------------------------------------------
+
+
+def test_a_limit_that_keeps_one_run_of_groups_is_warned():
+    from rapids_attn.data.index import prefix_warning
+
+    runs = [f"article{i // 100}" for i in range(2000)]  # 20 articles of 100 questions, one after another
+    warn = prefix_warning(runs, 300)
+    assert warn is not None and "from 3 of 20 groups" in warn and "random draw would cover about 20" in warn
+    assert "data.sample: 300" in warn
+    rng = np.random.default_rng(0)
+    assert prefix_warning(list(rng.permutation(runs)), 300) is None  # a shuffled file's prefix is a fair draw
+    assert prefix_warning(runs, 2000) is None  # nothing left out
+    assert prefix_warning(["one"] * 50, 10) is None  # no groups to miss
+    # exact expectation: 4 groups of 10, a draw of 10 misses a given group with probability C(30,10)/C(40,10)
+    four = [g for g in "abcd" for _ in range(10)]
+    assert "about 4;" in prefix_warning(four, 10)  # 1 group against 3.86: warned
+    assert prefix_warning(four, 11) is None  # 2 groups: at least half of the expected 3.9
+
+
+def test_squad_limit_carries_the_warning_and_sample_does_not(tmp_path):
+    import json
+
+    doc = {
+        "data": [
+            {
+                "title": f"T{a}",
+                "paragraphs": [
+                    {"context": "c.", "qas": [{"id": f"{a}-{q}", "question": "q?", "answers": []} for q in range(20)]}
+                ],
+            }
+            for a in range(10)
+        ]
+    }
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(doc))
+    assert "from 2 of 10 groups" in build_index(path, format="squad", limit=30).warnings[0]
+    assert build_index(path, format="squad", sample=30).warnings == ()
