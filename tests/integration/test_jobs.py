@@ -79,7 +79,7 @@ def test_squad_v2_half_500_questions_on_two_workers(tmp_path):
         REPO / "jobs" / "quickstart.yaml",
         "--set",
         f"data.path={SHARED_SQUAD}",
-        "data.limit=500",
+        "data.sample=500",
         f"output.dir={tmp_path / 'squad'}",
         "extract.shard_size=64",
         cwd=tmp_path,
