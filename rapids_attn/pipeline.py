@@ -107,6 +107,9 @@ def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
     if not fresh:
         import zarr
 
+        from rapids_attn.store.zarr_store import check_consistent
+
+        check_consistent(path, ctx.layout, tuple(needs))  # every array a reused store should hold is there
         attrs = dict(zarr.open_group(str(path), mode="r").attrs)
     for writer in (w for w in STAGES if w in needs):  # in stage order: report the earliest missing one
         if attrs.get(complete_attr(writer)):

@@ -19,6 +19,7 @@ CREATOR = "rapids_attn"
 
 __all__ = [
     "StoreLayout",
+    "check_consistent",
     "complete_attr",
     "consolidate",
     "create_store",
@@ -26,6 +27,7 @@ __all__ = [
     "done_shards",
     "encode_thumbnails",
     "inspect_store",
+    "layout_arrays",
     "mark_complete",
     "open_for_job",
     "read_strings",
@@ -79,16 +81,36 @@ def decode_thumbnails(q: np.ndarray) -> np.ndarray:
     return (q.astype(np.float32) / 255.0) ** 2
 
 
-def _map_array(g, spec: S.ArraySpec, layout: StoreLayout, tail: tuple[int, ...], dtype: str | None = None):
-    nl, nh = len(layout.layers), len(layout.heads)
-    return S.create_array(
-        g,
-        spec,
-        (layout.n_examples, nl, nh, *tail),
-        chunks=(layout.shard_size, nl, nh, *tail),
-        dtype=dtype,
-        compression_level=layout.compression_level,
-    )
+def layout_arrays(layout: StoreLayout) -> list[tuple[S.ArraySpec, tuple[int, ...], tuple[int, ...], str | None]]:
+    """Every array a store of this layout holds from its creation: (spec, shape, chunks, dtype or None for
+    the schema's). :func:`create_store` makes exactly these, and :func:`check_consistent` looks for them."""
+    ex, nl, nh, rows = layout.n_examples, len(layout.layers), len(layout.heads), layout.shard_size
+
+    def per_map(spec, tail, dtype=None):
+        return (spec, (ex, nl, nh, *tail), (rows, nl, nh, *tail), dtype)
+
+    out = [per_map(S.FEATURES, (layout.feature_dim,), layout.features_dtype)]
+    if layout.thumb_size:
+        out.append(per_map(S.THUMBNAILS, (layout.thumb_size, layout.thumb_size)))
+    out += [
+        per_map(S.STATS, (len(layout.stat_names),)),
+        per_map(S.DETECTORS, (len(layout.detector_names),)),
+        per_map(S.PROFILE, (len(layout.profile_offsets),)),
+        *(per_map(S.ARRAYS[name], ()) for name in layout.embed_outputs),
+    ]
+    out += [(spec, (ex,), (rows,), None) for spec in _PER_EXAMPLE]
+    out.append((S.SHARDS_DONE, (layout.n_shards,), (1,), None))
+    out += [(spec, (len(v),), (len(v),), None) for spec, v in _coord_values(layout).items()]
+    return out
+
+
+def _coord_values(layout: StoreLayout) -> dict:
+    values = (layout.layers, layout.heads, layout.stat_names, layout.detector_names, layout.profile_offsets)
+    return dict(zip(_COORDS, values, strict=True))
+
+
+_PER_EXAMPLE = (S.SEQ_LEN, S.TRUNCATED, S.EXAMPLE_ID, S.EXAMPLE_GROUP, S.EXAMPLE_LABEL)
+_COORDS = (S.LAYER, S.HEAD, S.STAT, S.DETECTOR, S.OFFSET)
 
 
 def create_store(
@@ -114,26 +136,14 @@ def create_store(
         raise StoreError(f"{path}: exists and is not empty; refusing to write a store over it")
     marks = {Attr.CREATED_BY: CREATOR, Attr.FORMAT_VERSION: S.FORMAT_VERSION, Attr.VERSION: __version__}
     g = zarr.open_group(str(path), mode="w", zarr_format=3, attributes=marks)  # zarr.json is born with them
-    ex = layout.n_examples
-    _map_array(g, S.FEATURES, layout, (layout.feature_dim,), dtype=layout.features_dtype)
-    if layout.thumb_size:
-        t = layout.thumb_size
-        _map_array(g, S.THUMBNAILS, layout, (t, t)).attrs[Attr.ENCODING] = "sqrt-uint8"
-    _map_array(g, S.STATS, layout, (len(layout.stat_names),))
-    _map_array(g, S.DETECTORS, layout, (len(layout.detector_names),))
-    _map_array(g, S.PROFILE, layout, (len(layout.profile_offsets),))
-    for name in layout.embed_outputs:
-        _map_array(g, S.ARRAYS[name], layout, ())
-    for spec in (S.SEQ_LEN, S.TRUNCATED):
-        S.create_array(g, spec, (ex,), chunks=(layout.shard_size,))
-    for spec, values in ((S.EXAMPLE_ID, ids), (S.EXAMPLE_GROUP, groups), (S.EXAMPLE_LABEL, labels)):
-        S.create_array(g, spec, (ex,), chunks=(layout.shard_size,), data=values)
-    S.create_array(g, S.SHARDS_DONE, (layout.n_shards,), chunks=(1,))
-    S.create_array(g, S.LAYER, (len(layout.layers),), data=layout.layers)
-    S.create_array(g, S.HEAD, (len(layout.heads),), data=layout.heads)
-    S.create_array(g, S.STAT, (len(layout.stat_names),), data=layout.stat_names)
-    S.create_array(g, S.DETECTOR, (len(layout.detector_names),), data=layout.detector_names)
-    S.create_array(g, S.OFFSET, (len(layout.profile_offsets),), data=layout.profile_offsets)
+    given = {S.EXAMPLE_ID: ids, S.EXAMPLE_GROUP: groups, S.EXAMPLE_LABEL: labels, **_coord_values(layout)}
+    for spec, shape, chunks, dtype in layout_arrays(layout):
+        level = layout.compression_level if spec.dims[:3] == S.MAP_DIMS else 0
+        if spec in _COORDS:
+            chunks = None  # one chunk, as the schema makes it
+        a = S.create_array(g, spec, shape, chunks=chunks, dtype=dtype, compression_level=level, data=given.get(spec))
+        if spec == S.THUMBNAILS:
+            a.attrs[Attr.ENCODING] = "sqrt-uint8"
     g.attrs.update(
         {
             Attr.LAYOUT: asdict(layout),
@@ -212,6 +222,7 @@ def store_action(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> 
     if state == "different" and not overwrite:
         raise foreign_store_error(path)
     if state == "same" and not overwrite:
+        check_consistent(path, layout)  # a crash or two runs at once can leave arrays missing
         return "reuse"
     if path.is_symlink():
         raise StoreError(
@@ -232,8 +243,51 @@ def open_for_job(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> 
     return None
 
 
+def check_consistent(path: Path, layout: StoreLayout, stages: tuple[str, ...] = ()) -> None:
+    """Before a store of this job is reused: every array its layout declares is there with its shape, and
+    so is every array of each stage in ``stages`` whose completion flag is set. A crash, or two runs on one
+    store, can leave a ``zarr.json`` whose arrays are missing; that is reported here in one line with the
+    fix, never as a KeyError in a stage. Reads the arrays' own metadata on disk, not the consolidated
+    copy, which can still list an array that is gone."""
+    try:
+        g = zarr.open_group(str(path), mode="r", use_consolidated=False)
+        attrs = dict(g.attrs)
+    except Exception as e:  # noqa: BLE001 - whatever zarr raises, say it in one line and change nothing
+        raise _unreadable(path, e) from None
+    fix = "rerun with --overwrite (and the extract stage) to recreate it"
+    expected = [(spec, shape, fix) for spec, shape, _, _ in layout_arrays(layout)]
+    sizes = {"example": layout.n_examples, "layer": len(layout.layers), "head": len(layout.heads), "xy": 2}
+    for stage in stages:
+        if stage != "extract" and attrs.get(complete_attr(stage)):
+            again = f"rerun with --stages {stage} to write them again"
+            expected += [(spec, tuple(sizes.get(d) for d in spec.dims), again) for spec in S.arrays_of(stage)]
+    for spec, shape, how in expected:
+        try:
+            found = tuple(g[spec].shape)
+        except KeyError:
+            problem = f"array '{spec}' is missing"
+        except Exception as e:  # noqa: BLE001 - a damaged array's metadata
+            problem = f"array '{spec}' cannot be read ({type(e).__name__})"
+        else:
+            if len(found) == len(shape) and all(w is None or w == f for w, f in zip(shape, found, strict=True)):
+                continue
+            want = tuple("*" if w is None else w for w in shape)
+            problem = f"array '{spec}' has shape {found}, not {want}".replace("'*'", "*")
+        raise StoreError(
+            f"{path}: the store is inconsistent ({problem}), as a crash or two runs at once can leave it; "
+            f"{how} (nothing was changed)"
+        )
+
+
 def done_shards(g: zarr.Group) -> np.ndarray:
-    return np.asarray(g[S.SHARDS_DONE][:], dtype=bool)
+    try:
+        return np.asarray(g[S.SHARDS_DONE][:], dtype=bool)
+    except KeyError:
+        where = getattr(g.store, "root", g.store)
+        raise StoreError(
+            f"{where}: the store is inconsistent (array '{S.SHARDS_DONE}' is missing); rerun with --overwrite "
+            "to recreate it"
+        ) from None
 
 
 def write_shard(path: str, layout: StoreLayout, shard: int, arrays: dict[str, np.ndarray]) -> None:

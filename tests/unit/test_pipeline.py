@@ -181,3 +181,46 @@ def test_the_store_holds_the_inputs_ids_groups_and_labels(tmp_path, tiny_bert_di
             )
             assert stored == [[e.id for e in chosen], [e.group for e in chosen], [e.label for e in chosen]]
             assert len(chosen) == 11 and [e.id for e in chosen] != [r["id"] for r in rows][:11]
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_store_left_inconsistent_is_one_line_with_the_fix_never_a_key_error(
+    tmp_path, capsys, tiny_bert_dir, pair_data
+):
+    """Two runs at once or a crash could leave a store whose zarr.json is there and an array is not; every
+    later run failed with KeyError: 'shards_done'. Now the run and --check say so in the same line, change
+    nothing, and --overwrite recreates the store."""
+    import shutil
+
+    import yaml
+
+    from rapids_attn.run import main
+
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(make_job(tmp_path, tiny_bert_dir, pair_data)))
+    store = tmp_path / "run" / "store.zarr"
+    assert main([str(p)]) == 0
+    shutil.rmtree(store / "cluster")  # learn's array, with learn_complete still set
+    capsys.readouterr()
+    assert main([str(p), "--stages", "explain"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'cluster' is missing" in err and "--stages learn" in err
+    assert main([str(p), "--stages", "learn,explain"]) == 0  # the fix it names works
+
+    shutil.rmtree(store / "shards_done")
+    before = _snapshot(store)
+    capsys.readouterr()
+    lines = set()
+    for args in ((), ("--check",), ("--stages", "learn"), ("--stages", "extract")):
+        assert main([str(p), *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "KeyError" not in err, err
+        assert str(store) in err and "'shards_done' is missing" in err and "--overwrite" in err
+        lines.add(err)
+    assert len(lines) == 1  # --check says exactly what the run says
+    assert _snapshot(store) == before
+    assert main([str(p), "--overwrite"]) == 0
+    assert zarr.open_group(str(store), mode="r")["shards_done"][:].all()
