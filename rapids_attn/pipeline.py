@@ -155,6 +155,7 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
         stages=tuple(stages),
         overwrite=overwrite,
     )
+    _check_run_dir(ctx)
     built = [STAGES[name].from_job(cfg) for name in stages]
     for st in built:
         st.check(ctx)
@@ -163,11 +164,27 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
     return RunPlan(ctx, built)
 
 
+def _check_run_dir(ctx: RunContext) -> None:
+    """The run directory is absent, empty, marked as rapids_attn's, or holds a rapids_attn store (made
+    before the marker); anything else is refused unless --overwrite, and even then where a file of the
+    user's has a name rapids_attn writes (:mod:`rapids_attn.rundir`)."""
+    from rapids_attn.rundir import check_run_dir
+    from rapids_attn.store.zarr_store import inspect_store
+
+    check_run_dir(
+        ctx.run_dir, ctx.job, ctx.overwrite, lambda: inspect_store(ctx.store_path, ctx.key, ctx.layout) != "absent"
+    )
+
+
 def write_resolved_job(ctx: RunContext) -> None:
+    """``job.yaml``: one of the names rapids_attn owns in a run directory (:data:`rapids_attn.rundir.OUTPUTS`),
+    written only after preflight's run-directory check and under the marker."""
+    from rapids_attn.rundir import JOB_YAML
+
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = ctx.run_dir / "job.yaml.tmp"
+    tmp = ctx.run_dir / (JOB_YAML + ".tmp")
     tmp.write_text(yaml.safe_dump(ctx.job, sort_keys=False))
-    tmp.replace(ctx.run_dir / "job.yaml")
+    tmp.replace(ctx.run_dir / JOB_YAML)
 
 
 def run_job(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite: bool = False) -> dict:
@@ -179,6 +196,9 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite: 
     from rapids_attn.runlock import run_lock
 
     with run_lock(plan.ctx.run_dir):  # from here on this run writes: one run per run directory
+        from rapids_attn.rundir import mark_run_dir
+
+        mark_run_dir(plan.ctx.run_dir)  # before any output: the directory is rapids_attn's from now on
         return _run_stages(cfg, plan)
 
 
