@@ -125,10 +125,18 @@ def describe_cluster(
     summary = (f"{pattern} pattern ({patterns[pattern]:.0%} of its maps); " if patterns else "") + "; ".join(
         f"{s.label}: {s.mean:.2f} vs {s.overall:.2f} overall" for s in signature
     )
+    share = float(size / sums.counts.sum())
+    if maps.ids[i] == -1:  # the noise of DBSCAN / HDBSCAN is no cluster: say so, above all when it is every map
+        summary = (
+            "every map is noise: the clusterer found no clusters, so this describes all maps together "
+            "(see the warnings); "
+            if size == sums.counts.sum()
+            else "noise: maps the clusterer left out of every cluster; "
+        ) + summary
     return ClusterFinding(
         id=maps.ids[i],
         size=size,
-        share=float(size / sums.counts.sum()),
+        share=share,
         summary=summary,
         signature=signature,
         means={s: float(sums.means[i, j]) for j, s in enumerate(maps.stat_names)},

@@ -328,6 +328,10 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
         info.append(where)
 
     counts = sums.counts[order]
+    learn = g.attrs.get(S.Attr.LEARN) or {}
+    # the learn stage's warnings first (e.g. every map noise), then the groups that dominate a cluster
+    # (noise is no cluster, trivial or not)
+    dominated = [dominance_warning(c) for c in clusters if c.groups.dominated and c.id != -1]
     arrays = FigureArrays(
         mean_thumbs=None
         if sums.thumb_sum is None
@@ -347,8 +351,8 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
         clusters=clusters,
         heads_table=heads_table,
         metadata=metadata_findings(maps.labels, ex.groups, ex.labels, maps.per_ex, cfg.permutations, seed),
-        warnings=[dominance_warning(c) for c in clusters if c.groups.dominated],
-        k_sweep=KSweep.from_dict((g.attrs.get(S.Attr.LEARN) or {}).get("k_sweep")),
+        warnings=list(learn.get("warnings") or []) + dominated,
+        k_sweep=KSweep.from_dict(learn.get("k_sweep")),
         detectors=detectors,
     )
     return findings, arrays

@@ -12,8 +12,11 @@ so they work with no network. Two more changes keep the pages safe and small:
 
 - the script body is escaped so that no token can close the ``<script>`` element (``</`` -> ``<\\/``);
 - attention weights are rounded to ``decimals`` places (BertViz draws a line's opacity from the
-  weight, so 1e-3 is far below what shows) and, unless ``all_layers``, only the exemplar's layer is
-  included: a 12-head layer of a 160-token input is then about 2 MB of HTML instead of 30.
+  weight, so 1e-3 is far below what shows) and, unless ``all_layers`` / ``all_heads``, only the
+  exemplar's own layer and head are included (the weights are sliced before BertViz sees them; its
+  ``head_view`` has ``include_layers`` but no head filter). On the quickstart (MiniLM, 12 heads,
+  inputs of about 86 tokens) a page is 66-165 KB; with the exemplar's whole layer it was 0.6-1.8 MB.
+  :func:`head_view_sizes` counts what was written, for ``summary.json``.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ def _example(examples, index: int):
 
 
 def write_head_views(
-    report_dir, model_cfg, examples, items, *, all_layers: bool = False, decimals: int = 3
+    report_dir, model_cfg, examples, items, *, all_layers: bool = False, all_heads: bool = False, decimals: int = 3
 ) -> dict[int, list[str]]:
     """Write one head-view page per exemplar; return ``{cluster id: [page path relative to report_dir]}``.
 
@@ -212,15 +215,33 @@ def write_head_views(
                     f"head view: layer {layer} head {head} is outside the model "
                     f"({len(att)} layers x {att[0].shape[1]} heads)"
                 )
+            # only what the page shows goes into it: the exemplar's layer and head (BertViz numbers the
+            # heads it is given 0..; the page's title names the model's head)
             include = list(range(len(att))) if all_layers else [layer]
-            rounded = [torch.round(a.double(), decimals=decimals) for a in att]
-            view = head_view(rounded, tokens, layer=layer, heads=[head], include_layers=include, html_action="return")
+            keep = slice(None) if all_heads else slice(head, head + 1)
+            sliced = [
+                torch.round(a[:, keep].double(), decimals=decimals) if j in include else a[:, :0]
+                for j, a in enumerate(att)
+            ]
+            view = head_view(
+                sliced,
+                tokens,
+                layer=layer,
+                heads=[head if all_heads else 0],
+                include_layers=include,
+                html_action="return",
+            )
             title = f"{'noise' if cid == -1 else f'cluster {cid}'} · example {ex_id} · layer {layer} head {head}"
             intro = (
                 f"BertViz head view of example {html.escape(str(ex_id))} ({len(tokens)} tokens), an exemplar of "
                 f"{'the noise' if cid == -1 else f'cluster {cid}'}. Lines join each token on the left (query) "
                 f"to the tokens it attends to on the right (keys); darker is more attention. Head {head} of "
-                f"layer {layer} is selected: click a colour to show other heads, hover a token to isolate it."
+                f"layer {layer} is shown"
+                + (
+                    ": click a colour to show other heads, hover a token to isolate it."
+                    if all_heads
+                    else " (only this head, to keep the page small); hover a token to isolate it."
+                )
             )
             page = _page(title, intro, offline_html(view.data), f"../index.html#{_anchor(cid)}")
             name = page_name(cid, i)
@@ -235,3 +256,16 @@ def write_head_views(
             old.unlink()
     log.info("wrote %d head views in %s", sum(len(p) for p in written.values()), out_dir)
     return written
+
+
+def head_view_sizes(report_dir, written: dict[int, list[str]] | None) -> dict:
+    """What the head views cost on disk: the pages written (``files``, ``bytes``) and the vendored
+    scripts they share (``vendor_bytes``), for ``summary.json``."""
+    report_dir = Path(report_dir)
+    pages = [report_dir / p for paths in (written or {}).values() for p in paths]
+    vendor = report_dir / HEADVIEW_DIR / "vendor"
+    return {
+        "files": len(pages),
+        "bytes": sum(p.stat().st_size for p in pages if p.is_file()),
+        "vendor_bytes": sum(f.stat().st_size for f in vendor.iterdir() if f.is_file()) if vendor.is_dir() else 0,
+    }

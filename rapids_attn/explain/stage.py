@@ -82,15 +82,18 @@ class ExplainStage(Stage):
         )
         mark_complete(g, self.name, True)
         consolidate(ctx.store_path)
+        learned = ctx.results.get("learn")  # the learn stage of this run printed its own warnings already
+        printed = set(learned.to_dict().get("warnings") or []) if learned is not None else set()
         for w in findings.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            if w not in printed:
+                print(f"warning: {w}", file=sys.stderr)
         if self.explain_cfg.report:
             summary["report"] = str(self._report(ctx, summary, findings, arrays))
         return ExplainResult(summary=summary)
 
     def _report(self, ctx: RunContext, summary: dict, findings, arrays):
         from rapids_attn.explain.findings import ClusteringOverview, RunOverview
-        from rapids_attn.explain.headview import write_head_views
+        from rapids_attn.explain.headview import head_view_sizes, write_head_views
         from rapids_attn.explain.report import write_report
 
         c = summary["clusters"]
@@ -118,4 +121,5 @@ class ExplainStage(Stage):
                 msg = f"head views not written ({type(e).__name__}: {first})"
                 findings.warnings.append(msg)  # summary["warnings"] is the same list
                 print(f"warning: {msg}", file=sys.stderr)
+            summary["head_views"] = head_view_sizes(ctx.run_dir / "report", views)  # pages, bytes: kept small
         return write_report(ctx.run_dir, overview, findings, arrays, views)

@@ -9,7 +9,9 @@ Memory stays bounded by the fit sample plus one chunk of rows, whatever the data
 
 KMeans assigns new maps with ``predict``. DBSCAN and HDBSCAN have no ``predict``: when the sample
 is not the whole dataset, each other map takes the label of its nearest fitted neighbour in the
-reduced space (noise stays noise). On a GPU the same code runs on cuML with CuPy blocks.
+reduced space (noise stays noise). A density fit that leaves every map, or more than half of them,
+as noise still succeeds, with a one-line warning in the result's ``warnings`` (:func:`noise_warnings`),
+which the learn stage prints and the report shows. On a GPU the same code runs on cuML with CuPy blocks.
 
 With two or more GPU workers and a fit that cuml.dask can run (PCA then KMeans with a fixed k), the
 fit is spread over the GPUs instead (:class:`_SpreadFit`): each worker reads its share of the
@@ -191,6 +193,30 @@ def _output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
     return reduced, coords, labels
 
 
+#: a density clusterer leaving more than this share of the maps as noise gets a warning
+NOISE_WARN_SHARE = 0.5
+
+
+def noise_warnings(cluster, counts: dict[int, int], n_maps: int) -> list[str]:
+    """One-line warnings when DBSCAN or HDBSCAN left every map (no clusters), or most of them, as
+    noise: the run still succeeds, but its clusters describe few maps or none, and the line says
+    which setting to change."""
+    noise = counts.get(-1, 0)
+    if cluster.method == "kmeans" or not n_maps or noise / n_maps <= NOISE_WARN_SHARE:
+        return []
+    if cluster.method == "hdbscan":
+        fix = (
+            f"lower cluster.min_cluster_size (now {cluster.min_cluster_size}) or cluster.min_samples "
+            f"(now {cluster.min_samples})"
+        )
+    else:
+        fix = f"raise cluster.eps (now {cluster.eps}) or lower cluster.min_samples (now {cluster.min_samples})"
+    if noise == n_maps:
+        return [f"cluster.{cluster.method} marked all {n_maps:,} maps as noise (no clusters); {fix}, or use kmeans"]
+    share = f"{noise:,} of {n_maps:,} maps ({noise / n_maps:.0%})"
+    return [f"cluster.{cluster.method} marked {share} as noise; the clusters describe only the rest: {fix}"]
+
+
 def supports_multi_gpu(reduce, cluster) -> bool:
     """Whether this fit can run on cuml.dask across GPU workers: KMeans with a fixed k on the PCA
     output. UMAP, DBSCAN, HDBSCAN and the k sweep (``n_clusters: auto``) have no cuml.dask form
@@ -272,6 +298,7 @@ def fit_store(
         "n_clusters": len([c for c in counts if c >= 0]),
         "cluster_sizes": {str(c): n for c, n in sorted(counts.items())},
         "noise_share": counts.get(-1, 0) / n_maps if n_maps else 0.0,
+        "warnings": noise_warnings(cluster, counts, n_maps),
         "silhouette": sil,
         "silhouette_sample": min(cluster.silhouette_sample, len(idx)),
         "k_sweep": model.sweep,

@@ -6,6 +6,7 @@ It reads ``features`` and writes ``reduced``, ``coords`` and ``cluster``; the fi
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from rapids_attn.stage import RunContext, Stage, StageResult
@@ -91,4 +92,6 @@ class LearnStage(Stage):
             multi_gpu=ctx.devices.multi_gpu_learn,
         )
         consolidate(ctx.store_path)
+        for w in info.get("warnings", []):  # e.g. HDBSCAN left every map as noise (fit.noise_warnings)
+            print(f"warning: {w}", file=sys.stderr)
         return LearnResult(info=info)

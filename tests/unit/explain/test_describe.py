@@ -312,3 +312,32 @@ def test_stat_words_use_the_tokenizers_own_tokens(tiny_gpt2_dir):
     assert bert == {"first": "attends to the first token ([CLS])", "sep": "attends to [SEP]"}
     gpt = stat_labels(["first", "sep"], load_tokenizer(ModelConfig(name=str(tiny_gpt2_dir))))
     assert gpt["sep"] == "attends to <|endoftext|>"
+
+
+def test_all_noise_is_said_not_described_as_a_cluster(tmp_path):
+    """HDBSCAN left every map as noise: the learn stage's warning leads the findings' warnings, and
+    the one 'cluster' says it is every map, not a cluster."""
+    g, *_ = known_store(tmp_path)
+    g[CLUSTER][:] = -1
+    warn = "cluster.hdbscan marked all 160 maps as noise (no clusters); lower cluster.min_cluster_size"
+    g.attrs[Attr.LEARN] = {"method": "hdbscan", "warnings": [warn]}
+    f, _ = describe(g, ExplainConfig(exemplars=4, head_views=2, permutations=10))
+    assert f.warnings[0] == warn
+    (c,) = f.clusters
+    assert c.id == -1 and c.size == E * L * H and c.share == 1.0
+    assert c.summary.startswith("every map is noise: the clusterer found no clusters")
+    assert f.to_dict()["warnings"][0] == warn
+
+
+def test_some_noise_is_named_as_noise(tmp_path):
+    g, cluster, *_ = known_store(tmp_path)
+    cluster[:5] = -1
+    g[CLUSTER][:] = cluster
+    f, _ = describe(g, ExplainConfig(exemplars=4, head_views=2, permutations=10))
+    noise = f.clusters[-1]  # noise last
+    assert noise.id == -1 and noise.size == 5 * L * H
+    assert noise.summary.startswith("noise: maps the clusterer left out of every cluster; ")
+    assert not any(c.summary.startswith(("noise", "every map")) for c in f.clusters[:-1])
+    # no learn warnings in this store's attributes, and no "trivial cluster" warning for the noise,
+    # although all of it comes from group A's examples
+    assert noise.groups.dominated and f.warnings == []

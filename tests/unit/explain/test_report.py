@@ -350,6 +350,58 @@ def test_head_view_offline(tmp_path, tiny_bert_dir):
     assert '"layer": 1' in page and '"heads": [0]' in page
     assert not list((report_dir / "headviews").glob("*.tmp"))
     assert not (report_dir / "headviews" / "cluster9_ex0.html").exists()
+    # each page holds only its exemplar's layer and head: exactly that head's weights, rounded
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(tiny_bert_dir, attn_implementation="eager")
+    for path, (ex, layer, head) in zip(out[3], [(examples[1], 1, 0), (examples[0], 0, 1)]):
+        params = _head_view_params((report_dir / path).read_text(encoding="utf-8"))
+        assert params["include_layers"] == [layer] and params["layer"] == layer and params["heads"] == [0]
+        attn = np.asarray(params["attention"][0]["attn"])
+        n = len(params["attention"][0]["left_text"])
+        assert attn.shape == (1, 1, n, n)  # one layer, one head (the model has 2 x 2)
+        with torch.no_grad():
+            want = model(**tok(ex.text, ex.text_pair, return_tensors="pt"), output_attentions=True).attentions
+        np.testing.assert_allclose(attn[0, 0], want[layer][0, head].numpy(), atol=1e-3 / 2 + 1e-6)
+
+
+def _head_view_params(page: str) -> dict:
+    """The JSON BertViz's script is given (``const params = {...};``) on a head-view page."""
+    m = re.search(r"const params = (\{.*?\}); //", page, re.DOTALL)
+    assert m, "no BertViz params on the page"
+    return json.loads(m.group(1))
+
+
+def test_head_view_all_heads_and_its_size(tmp_path, tiny_bert_dir):
+    from rapids_attn.data import Example
+    from rapids_attn.explain.headview import head_view_sizes, write_head_views
+    from rapids_attn.job import ModelConfig
+
+    examples = [Example(id="q0", text="Who built the castle?", text_pair="The Normans built the castle in Caen.")]
+    items = {0: [{"example_index": 0, "example_id": "q0", "layer": 1, "head": 1}]}
+    report_dir = tmp_path / "report"
+    cfg = ModelConfig(name=str(tiny_bert_dir))
+    one = write_head_views(report_dir, cfg, examples, items)
+    one_size = head_view_sizes(report_dir, one)
+    params = _head_view_params((report_dir / one[0][0]).read_text(encoding="utf-8"))
+    assert np.asarray(params["attention"][0]["attn"]).shape[:2] == (1, 1)
+
+    both = write_head_views(report_dir, cfg, examples, items, all_heads=True, all_layers=True)
+    params = _head_view_params((report_dir / both[0][0]).read_text(encoding="utf-8"))
+    assert np.asarray(params["attention"][0]["attn"]).shape[:2] == (2, 2)  # every layer and head
+    assert params["include_layers"] == [0, 1] and params["heads"] == [1]
+    all_size = head_view_sizes(report_dir, both)
+
+    page = report_dir / one[0][0]
+    assert one_size["files"] == 1 and one_size["bytes"] > 0
+    assert all_size == {
+        "files": 1,
+        "bytes": page.stat().st_size,
+        "vendor_bytes": sum(f.stat().st_size for f in (report_dir / "headviews" / "vendor").iterdir()),
+    }
+    assert all_size["bytes"] > one_size["bytes"]  # four heads' weights against one (BertViz's script is the rest)
+    assert head_view_sizes(report_dir, None)["files"] == 0
 
 
 def test_head_view_script_cannot_be_closed_by_a_token():
