@@ -200,24 +200,19 @@ def _occupancy(maps: _Maps) -> tuple[np.ndarray, np.ndarray, HeadTable]:
 
 
 def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
-    """Per-head means of prev and each detector over the examples where it is defined (NaN: none).
+    """Per-head means of each of the store's detectors over the examples where it is defined (NaN: none;
+    TransformerLens's scores are defined on every example, the conditional ones where a row has a target).
 
     Returns the rounded findings and the unrounded [layer, head, detector] float32 array for the store.
     """
-    prev_j = maps.stat_names.index("prev") if "prev" in maps.stat_names else None
-    det_names = [str(x) for x in g[S.DETECTOR][:]] if S.DETECTOR in g else []
-    names = ["prev", *det_names]
+    names = [str(x) for x in g[S.DETECTOR][:]] if S.DETECTOR in g else []
     det_sum = np.zeros((maps.n_layers, maps.n_heads, len(names)))
     det_n = np.zeros_like(det_sum)
-    for a, b in maps.blocks():
-        if prev_j is not None:
-            prev = np.asarray(g[S.STATS][a:b, :, :, prev_j : prev_j + 1], dtype=np.float64)
-        else:  # a store without the stat: prev stays undefined (NaN) rather than shifting the detectors
-            prev = np.full((b - a, maps.n_layers, maps.n_heads, 1), np.nan)
-        parts = [prev, np.asarray(g[S.DETECTORS][a:b], dtype=np.float64)] if det_names else [prev]
-        v = np.concatenate(parts, axis=-1)
-        det_sum += np.nansum(v, axis=0)
-        det_n += (~np.isnan(v)).sum(0)
+    if names:
+        for a, b in maps.blocks():
+            v = np.asarray(g[S.DETECTORS][a:b], dtype=np.float64)
+            det_sum += np.nansum(v, axis=0)
+            det_n += (~np.isnan(v)).sum(0)
     with np.errstate(invalid="ignore"):
         head_det = det_sum / det_n  # NaN where no example defines the detector
     found = HeadDetectors(

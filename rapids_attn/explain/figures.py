@@ -363,8 +363,9 @@ def k_sweep_png(out_dir, k_sweep: KSweep) -> str:
 
 
 def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str:
-    """One layer x head heatmap per head detector (previous-token, duplicate-token, induction):
-    each head's score averaged over the examples where the detector is defined (grey: never)."""
+    """One layer x head heatmap per head detector (TransformerLens's previous-token, duplicate-token and
+    induction scores, then the conditional ones): each head's score averaged over the examples where the
+    detector is defined (grey: never)."""
     n = len(names)
     first = np.asarray(scores[names[0]], dtype=np.float64)
     n_layers, n_heads = first.shape
@@ -376,7 +377,7 @@ def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#cccccc")  # NaN: undefined for that head
         im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
         _grid_axes(ax, list(layers), list(heads))
-        ax.set_title(f"{name} detector", fontsize=10)
+        ax.set_title(name, fontsize=10)
         if n_layers * n_heads <= MAX_ANNOTATED_CELLS:
             for r in range(n_layers):
                 for c in range(n_heads):

@@ -118,11 +118,14 @@ def _detectors_section(findings: Findings, figs: _Figures) -> str:
         rows.append(f"<tr><td>{_e(name)}</td><td>{_e(best)}</td><td class=n>{_e(det.examples[name])}</td></tr>")
     return f"""
 <section id="detectors"><h2>Head detectors</h2>
-<p class="note">The detectors of TransformerLens, scored per map at full resolution: the attention mass on
-the pattern's positions (previous token; earlier copies of the current token; the token after an earlier
-copy) divided by the mass of the rows where the pattern has a position, then averaged per head over the
-examples where it is defined. 1 is a pure pattern; a uniform map scores about 1/n. Induction needs
-repeated tokens: set <code>data.probe.count</code> to append repeated random-token probes.</p>
+<p class="note">The detectors of TransformerLens, scored per map at full resolution on its own definition
+(<code>*_head</code>): the attention mass on the pattern's positions (previous token; earlier copies of the
+current token; the token after an earlier copy) divided by the map's whole mass, averaged per head over
+the examples, so the literature's thresholds apply. Rows without a target count as 0, so a pure
+induction head scores the share of rows that can have one. The <code>*_cond</code> scores divide by the
+mass of those rows only (1 is a pure pattern wherever it is possible; a uniform map scores about 1/n),
+averaged over the examples that have a repeated token. Induction needs repeated tokens: set
+<code>data.probe.count</code> to append repeated random-token probes.</p>
 <table><thead><tr><th>detector</th><th>strongest head</th><th class=n>examples</th></tr></thead>
 <tbody>{"".join(rows)}</tbody></table>
 {_img(figs.detectors, "head detector scores per layer and head")}</section>"""

@@ -28,11 +28,19 @@ STAT_NAMES = (
     "max",  # row maximum
 )
 
-#: Head detectors of TransformerLens computed per map from the token ids (the previous-token
-#: detector is the ``prev`` stat). NaN where the example has no repeated token.
+#: Head detectors of TransformerLens (``transformer_lens.head_detector``), computed per map from the token
+#: ids. The first three are TransformerLens's own score, under its names: the attention mass on the
+#: pattern's positions divided by the map's whole mass (``error_measure="mul"``, nothing excluded), so
+#: rows without a target count as 0 and a head's score is the mean of the map scores. The ``_cond``
+#: scores divide by the mass of the rows that have a target instead (TransformerLens's score divided by
+#: the share of such rows): they say how a head attends where the pattern is possible, and are NaN where
+#: no row has a target (an example without a repeated token).
 DETECTOR_NAMES = (
-    "dup",  # duplicate-token: mass on earlier copies of the query's token
-    "induction",  # induction: mass on the token after an earlier copy of the query's token
+    "previous_token_head",  # key i - 1
+    "duplicate_token_head",  # earlier copies of the query's token
+    "induction_head",  # the token after an earlier copy of the query's token
+    "duplicate_token_cond",  # duplicate-token, over the rows that have an earlier copy
+    "induction_cond",  # induction, over the rows that have an earlier copy with a successor
 )
 
 
@@ -49,19 +57,26 @@ def repeat_masks(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dup, torch.tril(ind)
 
 
-def detector_score(a: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
-    """[head, n, n] maps, [n, n] bool pattern -> [head]: the attention mass on the pattern's
-    positions divided by the total mass of the rows where the pattern has a position.
+def previous_token_pattern(n: int, device=None) -> torch.Tensor:
+    """[n, n] bool: key i - 1 for every row i >= 1 (TransformerLens's previous-token pattern)."""
+    return torch.ones(n - 1, dtype=torch.bool, device=device).diag(-1) if n > 1 else torch.zeros(n, n, dtype=torch.bool)
 
-    A pure pattern scores 1 and a uniform map about 1/n. TransformerLens divides by every row's mass
-    instead, which also counts rows where the pattern is undefined (no earlier copy of the token):
-    its score is ours times the share of rows that have a target. NaN when no row has one.
+
+def detector_score(a: torch.Tensor, pattern: torch.Tensor, conditional: bool = False) -> torch.Tensor:
+    """[head, n, n] maps, [n, n] bool pattern -> [head], the plain reference definition.
+
+    TransformerLens (``conditional=False``): the mass on the pattern's positions over the map's whole
+    mass; a pure pattern that every row has scores 1, a uniform map about 1/n, a map whose pattern
+    has no position 0. ``conditional``: over the mass of the rows where the pattern has a position
+    (TransformerLens's score divided by the share of those rows); NaN when no row has one.
     """
+    hit = (a * pattern).sum((-2, -1))
+    if not conditional:
+        return hit / a.sum((-2, -1))
     rows = pattern.any(-1)
     if not bool(rows.any()):
         return torch.full((a.shape[0],), float("nan"), device=a.device)
-    hit = (a * pattern).sum(-1)  # [head, n]
-    return hit[:, rows].sum(-1) / a[:, rows].sum((-2, -1))
+    return hit / a[:, rows].sum((-2, -1))
 
 
 #: Relative offsets j - i of the offset profile: mean attention from each query i to key i + o.
@@ -225,13 +240,16 @@ def map_signature(
     )
     if sw.patterns is None:
         return stats, None
-    det = []
-    for qi, kj, rows in sw.patterns:
+    total = keys[..., _K["mass"]].sum(-1)  # [head]: the map's whole mass (n for row-stochastic rows)
+    prev_hit = a.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) if n > 1 else zeros
+    hits = [a[:, qi, kj].sum(-1) for qi, kj, _ in sw.patterns]  # mass on each repeat pattern
+    cond = []
+    for hit, (qi, _, rows) in zip(hits, sw.patterns):
         if qi.numel() == 0:  # no row has a target: undefined
-            det.append(torch.full((h,), float("nan"), device=a.device, dtype=torch.float32))
+            cond.append(torch.full((h,), float("nan"), device=a.device, dtype=torch.float32))
         else:  # mass on the pattern / mass of the rows that have a position in it
-            det.append(a[:, qi, kj].sum(-1) / keys[:, rows, _K["mass"]].sum(-1))
-    return stats, torch.stack(det, dim=-1)
+            cond.append(hit / keys[:, rows, _K["mass"]].sum(-1))
+    return stats, torch.stack([prev_hit / total, *(hit / total for hit in hits), *cond], dim=-1)
 
 
 def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -244,8 +262,8 @@ def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: b
 
 
 def detector_scores(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """[head, n, n] maps and their token ids [n] -> [head, len(DETECTOR_NAMES)]
-    (``detector_score`` of the duplicate-token and induction patterns)."""
+    """[head, n, n] maps and their token ids [n] -> [head, len(DETECTOR_NAMES)] (``detector_score`` of the
+    previous-token, duplicate-token and induction patterns, then the last two conditional)."""
     n = a.shape[-1]
     none = torch.zeros(n, dtype=torch.bool, device=a.device)
     return map_signature(a, SignatureWeights.build(none, none, False, ids.to(a.device)))[1]

@@ -58,7 +58,7 @@ DETECTORS = ArraySpec(
     "float32",
     "extract",
     np.nan,
-    "duplicate-token and induction scores (NaN: the example has no repeated token)",
+    "head detectors, extract.maps.DETECTOR_NAMES (the *_cond ones NaN where the example repeats no token)",
 )
 PROFILE = ArraySpec(
     "profile", (*MAP_DIMS, "offset"), "float16", "extract", np.nan, "mean attention at key = query + offset"
@@ -93,7 +93,7 @@ HEAD_DETECTORS = ArraySpec(
     "float32",
     "explain",
     np.nan,
-    "per-head mean of prev and the detectors over the examples that define them",
+    "per-head mean of each detector over the examples that define it",
 )
 
 ARRAYS: dict[str, ArraySpec] = {

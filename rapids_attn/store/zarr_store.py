@@ -50,7 +50,16 @@ class StoreLayout:
     features_dtype: str = "float16"
     compression_level: int = 3
     profile_offsets: list[int] = field(default_factory=lambda: list(range(-4, 5)))
-    detector_names: list[str] = field(default_factory=lambda: ["dup", "induction"])
+    #: extract.maps.DETECTOR_NAMES (spelled out: the store does not import torch; a test keeps them equal)
+    detector_names: list[str] = field(
+        default_factory=lambda: [
+            "previous_token_head",
+            "duplicate_token_head",
+            "induction_head",
+            "duplicate_token_cond",
+            "induction_cond",
+        ]
+    )
     #: extra per-map outputs of the embedder (name -> dtype), e.g. pattern and pattern_prob.
     embed_outputs: dict[str, str] = field(default_factory=dict)
     #: attributes the embedder records (e.g. pattern_classes).

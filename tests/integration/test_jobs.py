@@ -151,7 +151,8 @@ def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
     assert s["embedding"]["name"] == "pattern-cnn"
     assert 4 <= s["clusters"]["n_clusters"] <= 6 and s["clusters"]["k_sweep"]["chosen"] == s["clusters"]["n_clusters"]
     det = s["head_detectors"]
-    assert det["examples"]["induction"] >= 6  # defined at least on every probe
+    assert det["examples"]["induction_cond"] >= 6  # defined at least on every probe
+    assert det["examples"]["induction_head"] == 46  # TransformerLens's score: defined on every example
     t = pq.read_table(tmp_path / "f" / "maps.parquet", columns=["pattern", "pattern_prob", "group"]).to_pandas()
     assert t["pattern"].notna().all() and t["pattern_prob"].between(0, 1).all()
     assert (t["group"] == "probe:repeated-tokens").sum() == 6 * 72

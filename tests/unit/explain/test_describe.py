@@ -36,6 +36,7 @@ def known_store(tmp_path, dominated_group: bool = False, sweep: bool = False):
         shard_size=16,
         stat_names=STAT_NAMES,
         features_dtype="float32",
+        detector_names=["duplicate_token_cond", "induction_cond"],
     )
     groups = ["A" if i < 10 else "B" if i < 25 else "C" for i in range(E)]
     labels = ["yes" if i % 2 else "no" for i in range(E)]
@@ -108,12 +109,12 @@ def test_signature_heads_and_exemplars(tmp_path):
     assert arrays.occupancy.shape == (3, L, H)
     assert f.warnings == []
     det = f.detectors
-    assert det.names == ["prev", "dup", "induction"]
-    assert det.scores["induction"][1][0] == pytest.approx(0.9)  # mean over the examples that define it
-    assert det.scores["induction"][1][1] == pytest.approx(0.1)
-    assert np.isnan(det.scores["induction"][0][0])  # never defined: NaN, not 0
-    assert det.examples["induction"] == E // 2
-    assert arrays.head_detectors.shape == (L, H, 3)
+    assert det.names == ["duplicate_token_cond", "induction_cond"]  # the store's own
+    assert det.scores["induction_cond"][1][0] == pytest.approx(0.9)  # mean over the examples that define it
+    assert det.scores["induction_cond"][1][1] == pytest.approx(0.1)
+    assert np.isnan(det.scores["induction_cond"][0][0])  # never defined: NaN, not 0
+    assert det.examples["induction_cond"] == E // 2
+    assert arrays.head_detectors.shape == (L, H, 2)
     assert f.k_sweep is None  # no learn attribute in this store
 
 
@@ -238,7 +239,6 @@ def _expected_summary(cluster, stats, red, groups, labels, cfg, seed):
     occ = np.stack([(cluster == c).mean(0) for c in sorted(ids)])  # [cluster by id, layer, head]
     with np.errstate(divide="ignore", invalid="ignore"):
         entropy = -np.where(occ > 0, occ * np.log(occ), 0.0).sum(0)
-    prev = stats[..., 2].astype(np.float64).mean(0)
     induction = [[math.nan, math.nan], [0.9, 0.1]]  # as planted on the even examples; layer 0 never defined
     flat_cluster = cluster.reshape(-1).astype(np.int64)
     return {
@@ -266,13 +266,9 @@ def _expected_summary(cluster, stats, red, groups, labels, cfg, seed):
         ],
         "k_sweep": SWEEP,
         "detectors": {
-            "names": ["prev", "dup", "induction"],
-            "scores": {
-                "prev": np.round(prev, 4).tolist(),
-                "dup": np.full((L, H), np.nan).tolist(),
-                "induction": induction,
-            },
-            "examples": {"prev": E, "dup": 0, "induction": E // 2},
+            "names": ["duplicate_token_cond", "induction_cond"],
+            "scores": {"duplicate_token_cond": np.full((L, H), np.nan).tolist(), "induction_cond": induction},
+            "examples": {"duplicate_token_cond": 0, "induction_cond": E // 2},
         },
     }
 

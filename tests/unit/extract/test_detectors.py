@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from rapids_attn.extract.maps import STAT_NAMES, detector_score, detector_scores, map_stats, repeat_masks
+from rapids_attn.extract.maps import (
+    DETECTOR_NAMES,
+    STAT_NAMES,
+    detector_score,
+    detector_scores,
+    map_stats,
+    previous_token_pattern,
+    repeat_masks,
+)
 
 N = 12
 
@@ -40,14 +48,32 @@ def test_detector_scores_pure_and_uniform():
     for i, j in ind.nonzero().tolist():
         pure_ind[i] = 0
         pure_ind[i, j] = 1
-    scores = detector_scores(pure_ind[None], ids)[0]
-    assert float(scores[1]) == pytest.approx(1.0)  # induction
-    assert float(scores[0]) == pytest.approx(0.0)  # not on the duplicate itself
+    scores = dict(zip(DETECTOR_NAMES, detector_scores(pure_ind[None], ids)[0].tolist()))
+    assert scores["induction_cond"] == pytest.approx(1.0)  # pure where the pattern is possible
+    assert scores["induction_head"] == pytest.approx(4 / 8)  # TransformerLens: 4 of 8 rows have a target
+    assert scores["duplicate_token_head"] == pytest.approx(0.0)  # not on the duplicate itself
+    assert scores["duplicate_token_cond"] == pytest.approx(0.0)
     uniform = torch.full((1, n, n), 1 / n)
-    assert float(detector_score(uniform, dup)[0]) == pytest.approx(1 / n)
-    assert float(detector_score(uniform, ind)[0]) == pytest.approx(1 / n)
+    assert float(detector_score(uniform, dup, conditional=True)[0]) == pytest.approx(1 / n)
+    assert float(detector_score(uniform, dup)[0]) == pytest.approx(4 / n / n)  # 4 rows, 1/n each, of n
 
 
-def test_no_repeats_gives_nan():
+def test_previous_token_head_is_transformerlens_score_not_the_prev_stat():
+    """On a pure previous-token map of n tokens, row 0 has no previous token: TransformerLens scores
+    (n - 1) / n, the ``prev`` stat (a mean over rows 1..n-1) 1."""
+    ids = torch.arange(N)
+    scores = dict(zip(DETECTOR_NAMES, detector_scores(prev_map(N)[None], ids)[0].tolist()))
+    assert scores["previous_token_head"] == pytest.approx((N - 1) / N)
+    none = torch.zeros(N, dtype=torch.bool)
+    assert float(map_stats(prev_map(N)[None], none, none, False)[0, STAT_NAMES.index("prev")]) == pytest.approx(1.0)
+    assert float(detector_score(prev_map(N)[None], previous_token_pattern(N))[0]) == pytest.approx((N - 1) / N)
+
+
+def test_no_repeats_gives_zero_and_nan_conditionally():
     ids = torch.arange(6)
-    assert torch.isnan(detector_scores(torch.full((2, 6, 6), 1 / 6), ids)).all()
+    scores = detector_scores(torch.full((2, 6, 6), 1 / 6), ids)
+    names = list(DETECTOR_NAMES)
+    for name in ("duplicate_token_head", "induction_head"):
+        assert (scores[:, names.index(name)] == 0).all()  # TransformerLens: no target, no mass on it
+    for name in ("duplicate_token_cond", "induction_cond"):
+        assert torch.isnan(scores[:, names.index(name)]).all()  # undefined

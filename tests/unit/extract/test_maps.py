@@ -231,8 +231,6 @@ def test_area_resize_keeps_leading_dims():
 
 
 def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
-    from rapids_attn.extract.maps import detector_score, repeat_masks
-
     lengths = [3, 5]
     ids = torch.tensor([[1, 2, 1, 0, 0], [1, 2, 3, 1, 2]])
     masks = TokenMasks.from_ids(ids, torch.tensor([3]), torch.tensor([2]))
@@ -250,14 +248,13 @@ def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
     assert torch.isfinite(red.images).all() and torch.isfinite(red.stats).all()
     for pos, layer in enumerate((1, 2)):
         for b, n in enumerate(lengths):
-            dup, ind = repeat_masks(ids[b, :n])
             for k, h in enumerate([2, 0]):
                 crop = ws[layer][b, h, :n, :n]
                 assert torch.allclose(red.images[b, pos, k], area_resize(crop, 4))
                 assert torch.allclose(red.thumbs[b, pos, k], area_resize(area_resize(crop, 4), 2))
                 ref = plain_stats(crop[None].contiguous(), masks.sep[b, :n], masks.punct[b, :n], False)[0]
                 torch.testing.assert_close(red.stats[b, pos, k], ref, rtol=1e-5, atol=1e-6)
-                det = torch.stack([detector_score(crop[None], dup)[0], detector_score(crop[None], ind)[0]])
+                det = reference_detectors(crop[None], ids[b, :n])[0]
                 torch.testing.assert_close(red.detectors[b, pos, k], det, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert red.images.shape == (2, 2, 2, 4, 4) and red.stats.shape == (2, 2, 2, len(STAT_NAMES))
 
@@ -362,6 +359,26 @@ def test_bpe_multibyte_punctuation_tokens_are_punctuation():
 # --- the fused signature against the statistics' plain definitions ------------------------------
 
 
+def reference_detectors(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[head, n, n], ids [n] -> [head, 5]: TransformerLens's head_detector written out, head by head (its
+    get_previous_token/duplicate_token/induction_head_detection_pattern, and the score of
+    compute_head_attention_similarity_score with error_measure="mul": (A * P).sum() / A.sum()), then the
+    duplicate and induction scores over the rows that have a target (NaN when none has)."""
+    n = len(ids)
+    prev = torch.ones(n - 1).diag(-1) if n > 1 else torch.zeros(1, 1)
+    dup = torch.tril((ids[:, None] == ids[None, :]).int(), diagonal=-1)
+    shifted = torch.roll(dup, shifts=1, dims=1)
+    ind = torch.tril(torch.cat((torch.zeros(n, 1, dtype=dup.dtype), shifted[:, 1:]), dim=1))
+    out = []
+    for m in a.double():
+        row = [float((m * p).sum() / m.sum()) for p in (prev, dup, ind)]
+        for p in (dup, ind):
+            rows = p.sum(1) > 0
+            row.append(float((m * p).sum() / m[rows].sum()) if rows.any() else math.nan)
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: bool) -> torch.Tensor:
     """Every statistic of STAT_NAMES written out as its definition, one elementwise pass each."""
     h, n, _ = a.shape
@@ -390,7 +407,7 @@ def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_signature_matches_the_plain_definitions_on_padded_crops(causal):
-    from rapids_attn.extract.maps import SignatureWeights, detector_score, map_signature, repeat_masks
+    from rapids_attn.extract.maps import SignatureWeights, map_signature
 
     g = torch.Generator().manual_seed(3)
     T, n, h = 40, 29, 5
@@ -406,9 +423,7 @@ def test_signature_matches_the_plain_definitions_on_padded_crops(causal):
     sep[0] = False
     stats, det = map_signature(crop, SignatureWeights.build(sep, punct, causal, ids))
     torch.testing.assert_close(stats, plain_stats(crop.contiguous(), sep, punct, causal), rtol=1e-5, atol=1e-6)
-    dup, ind = repeat_masks(ids)
-    ref = torch.stack([detector_score(crop.contiguous(), dup), detector_score(crop.contiguous(), ind)], -1)
-    torch.testing.assert_close(det, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(det, reference_detectors(crop.contiguous(), ids), rtol=1e-5, atol=1e-6)
     # without token ids the detectors are not computed; the stats are the same
     alone, none = map_signature(crop, SignatureWeights.build(sep, punct, causal))
     assert none is None
@@ -422,7 +437,7 @@ def test_signature_matches_the_plain_definitions_on_padded_crops(causal):
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("causal", [False, True])
 def test_signature_of_the_shortest_maps(n, causal):
-    from rapids_attn.extract.maps import SignatureWeights, detector_score, map_signature, repeat_masks
+    from rapids_attn.extract.maps import SignatureWeights, map_signature
 
     a = torch.tril(torch.ones(n, n)) if causal else torch.ones(n, n)
     a = (a / a.sum(-1, keepdim=True))[None]
@@ -430,7 +445,6 @@ def test_signature_of_the_shortest_maps(n, causal):
     none = torch.zeros(n, dtype=torch.bool)
     stats, det = map_signature(a, SignatureWeights.build(none, none, causal, ids))
     torch.testing.assert_close(stats, plain_stats(a, none, none, causal), rtol=1e-5, atol=1e-6)
-    dup, ind = repeat_masks(ids)
-    ref = torch.stack([detector_score(a, dup), detector_score(a, ind)], -1)
-    torch.testing.assert_close(det, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
-    assert torch.isnan(det).all() == (n == 1)
+    torch.testing.assert_close(det, reference_detectors(a, ids), rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch.isnan(det[:, 3:]).all() == (n == 1)  # the conditional scores: no row has a target at n = 1
+    assert not torch.isnan(det[:, :3]).any()  # TransformerLens's: 0 there
