@@ -54,6 +54,12 @@ def _leaf_types(annotation: Any) -> set:
     return set().union(*(_leaf_types(a) for a in typing.get_args(annotation)))
 
 
+def _is_bool_field(annotation: Any) -> bool:
+    """Whether a field takes true/false and nothing else (``bool`` or ``bool | None``)."""
+    leaves = _leaf_types(annotation)
+    return bool in leaves and not leaves - {bool, type(None)}
+
+
 def _numeric_kind(annotation: Any) -> tuple[str | None, bool]:
     """("int"/"float"/None, whether it is a list of them) for a field that does not admit a bool."""
     origin = typing.get_origin(annotation)
@@ -75,9 +81,14 @@ class Section(BaseModel):
     @classmethod
     def _no_bool_for_numbers(cls, value: Any, info) -> Any:
         """pydantic reads ``true`` as 1 for an int (and 1.0 for a float) field: a YAML ``limit: true`` would
-        silently mean one example. A number field that does not admit a bool refuses one."""
+        silently mean one example. A number field that does not admit a bool refuses one; a true/false field
+        refuses anything else (pydantic would read 1, 0, "yes" or "off" as a bool)."""
         field = cls.model_fields.get(info.field_name)
         if field is None:
+            return value
+        if _is_bool_field(field.annotation):
+            if value is not None and not isinstance(value, bool):
+                raise ValueError("must be true or false")
             return value
         kind, is_list = _numeric_kind(field.annotation)
         if kind is None:
@@ -438,9 +449,20 @@ def yaml_load(text: str) -> Any:
 
 def _read_yaml(path: Path | Traversable, what: str) -> dict:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise JobConfigError(f"{what}: no such file: {path}") from None
+    except IsADirectoryError:
+        raise JobConfigError(
+            f"{what}: {path} is a directory; give the job's YAML file (e.g. jobs/quickstart.yaml)"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise JobConfigError(
+            f"{what}: {path} is not a UTF-8 text file (byte {e.start} is 0x{e.object[e.start]:02x}); "
+            "give a YAML job file, saved as UTF-8"
+        ) from None
+    except OSError as e:
+        raise JobConfigError(f"{what}: cannot read {path} ({e.strerror or type(e).__name__}); check the path") from None
     try:
         raw = yaml_load(text)
     except yaml.YAMLError as e:
@@ -448,7 +470,13 @@ def _read_yaml(path: Path | Traversable, what: str) -> dict:
         where = f" line {mark.line + 1}" if mark is not None else ""
         if isinstance(e, DuplicateKeyError):
             raise JobConfigError(f"{path}{where}: {e.problem}") from None
-        raise JobConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        if isinstance(e, yaml.reader.ReaderError):  # a character YAML refuses (NUL, a control code)
+            ch = e.character if isinstance(e.character, int) else ord(e.character)
+            raise JobConfigError(
+                f"{path}: not a YAML text file (character #x{ch:04x} at position {e.position}); give a YAML job file"
+            ) from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise JobConfigError(f"{path}{where}: not valid YAML ({problem})") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

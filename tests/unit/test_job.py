@@ -220,3 +220,66 @@ def test_data_format_parquet_is_a_choice_and_leaves_other_keys_alone(tmp_path):
     assert pq.extraction_key() != auto.extraction_key()  # the format is part of what the store holds
     with pytest.raises(JobConfigError, match=r"data\.format: .*'parquet'"):
         load_job(minimal(tmp_path), ["data.format=feather"])
+
+
+def test_true_false_fields_take_only_true_or_false(tmp_path):
+    """pydantic would read 1, 0, "yes" or "off" as a bool; a job that writes them meant something else."""
+    for word in (
+        "runtime.processes=1",
+        "reduce.umap.enabled=0",
+        'explain.report="yes"',
+        'model.trust_remote_code="off"',
+    ):
+        field = word.split("=")[0]
+        with pytest.raises(JobConfigError, match=rf"{field}: must be true or false \(got "):
+            load_job(minimal(tmp_path), [word])
+    cfg = load_job(minimal(tmp_path), ["runtime.processes=false", "reduce.umap.enabled=yes", "explain.report=off"])
+    assert (cfg.runtime.processes, cfg.reduce.umap.enabled, cfg.explain.report) == (False, True, False)  # YAML 1.1
+
+
+def test_every_true_false_field_is_strict():
+    """Each field of the schema that takes true/false refuses a number, so a new one cannot slip through."""
+    from pydantic import BaseModel, ValidationError
+
+    from rapids_attn.job import _is_bool_field
+
+    def fields(model):
+        for name, f in model.model_fields.items():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                yield from fields(f.annotation)
+            elif _is_bool_field(f.annotation):
+                yield model, name
+
+    found = list(fields(JobConfig))
+    assert len(found) >= 4
+    for model, name in found:
+        with pytest.raises(ValidationError, match="must be true or false"):
+            model.__pydantic_validator__.validate_assignment(model.model_construct(), name, 1)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "is a directory"),
+        (b"\x7fELF\x02\x01\x01\x00\xff\xfe", "is not a UTF-8 text file (byte 8 is 0xff)"),
+        (b"name: x\n\x00", "not a YAML text file (character #x0000 at position 8)"),
+        (b"- a\n- b\n", "must be a YAML mapping of sections, got list"),
+    ],
+    ids=["directory", "binary", "nul", "list"],
+)
+def test_job_path_that_is_no_yaml_file_is_one_line(tmp_path, content, says):
+    path = tmp_path / "job.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(JobConfigError) as e:
+        load_job(path)
+    assert says in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_preset_is_one_line(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "bad.yaml").write_bytes(b"cluster: {method: \xe9}\n")
+    with pytest.raises(JobConfigError, match=r"extends: preset 'bad': .*bad.yaml is not a UTF-8 text file"):
+        load_job(minimal(tmp_path, "extends: [bad]\n"))
