@@ -1,14 +1,17 @@
 """Resolve and load the model and tokenizer: a local folder, a hub id, or a built-in preset.
 
 Eager attention is forced (fused kernels such as SDPA or flash attention never materialise the
-weights). The client only loads the config (:func:`describe_model`, cheap, done before any worker
-starts); workers load the weights once each (:func:`load_model`).
+weights). The client loads the config, the tokenizer and the weights' headers (:func:`describe_model`,
+cheap, done before any worker starts, so a folder the workers could not use is refused in one line);
+workers load the weights once each (:func:`load_model`).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,28 @@ PRESET_MODELS = {
 
 #: Longest input we run by default, whatever the model claims (memory grows with its square).
 DEFAULT_MAX_LENGTH_CAP = 1024
+
+#: Files a tokenizer is built from, any one of them: the fast tokenizer (tokenizer.json), WordPiece
+#: (vocab.txt), BPE (vocab.json with merges.txt), SentencePiece (*.model), tiktoken (*.tiktoken). Without
+#: any, transformers silently builds an empty tokenizer that reads every word as unknown.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "*.model", "*.tiktoken")
+
+#: Weight files in transformers' order of preference (the first one present is the one it loads).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+#: A text every real tokenizer knows some token of (letters, digits, punctuation).
+SAMPLE_TEXT = "The quick brown fox jumps over the lazy dog, 3 times."
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's whole message on one line (library messages wrap mid-sentence; the first line alone
+    is cut)."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def resolve_model_name(name: str) -> str:
@@ -69,16 +94,18 @@ def _load_config(cfg):
             raise ModelError(
                 f"model.name: '{cfg.name}' runs code from its repository; review it, then set model.trust_remote_code: true"
             ) from None
-        raise ModelError(f"model.name: cannot read the config of '{cfg.name}': {str(e).splitlines()[0]}") from None
+        raise ModelError(f"model.name: cannot read the config of '{cfg.name}': {one_line(e)}") from None
     except OSError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelError(
-            f"model.name: cannot load '{cfg.name}' ({first}); with no network, use a local folder or the preset minilm-l6"
+            f"model.name: cannot load '{cfg.name}' ({one_line(e)}); with no network, use a local folder or the preset minilm-l6"
         ) from None
 
 
-def describe_model(cfg) -> ModelInfo:
-    """Read the model's config only: layer and head counts, and the input length limit."""
+def describe_model(cfg, check_files: bool = True) -> ModelInfo:
+    """Read the model's config: layer and head counts, and the input length limit. With ``check_files``
+    (preflight), also load the tokenizer (:func:`load_tokenizer` refuses one that knows no word) and read the
+    weights' headers (:func:`check_weights`), so that a run refuses, before any worker starts, what
+    the workers could not load."""
     source, config = _load_config(cfg)
     n_layers = getattr(config, "num_hidden_layers", None)
     n_heads = getattr(config, "num_attention_heads", None)
@@ -93,17 +120,44 @@ def describe_model(cfg) -> ModelInfo:
             f"model.max_length: {cfg.max_length} exceeds the model's {model_limit} positions; set it to {model_limit} or less"
         )
     max_length = cfg.max_length or min(model_limit or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
+    if check_files:
+        load_tokenizer(cfg)
+        check_weights(cfg, source)
     return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision)
 
 
+def _tokenizer_files_present(folder: Path) -> bool:
+    return any(next(folder.glob(pattern), None) is not None for pattern in TOKENIZER_FILES)
+
+
+def _check_vocabulary(tok, cfg) -> None:
+    """The tokenizer knows some token of :data:`SAMPLE_TEXT` other than its special ones (unknown included)."""
+    ids = tok(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+    special = set(tok.all_special_ids)
+    if not any(i not in special for i in ids):
+        raise ModelError(
+            f"model.name: the tokenizer of '{cfg.name}' reads every word of {SAMPLE_TEXT!r} as unknown "
+            f"(a vocabulary of {len(tok)} tokens); give the model's own tokenizer files ({', '.join(TOKENIZER_FILES)})"
+        )
+
+
 def load_tokenizer(cfg):
+    """The model's tokenizer, padding on the right. Refused: a local folder with no tokenizer files, and a
+    tokenizer that reads a plain English sentence as nothing but unknown tokens."""
     from transformers import AutoTokenizer
 
     source = resolve_model_name(cfg.name)
+    folder = Path(source)
+    if folder.is_dir() and not _tokenizer_files_present(folder):
+        raise ModelError(
+            f"model.name: {folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the model's "
+            "tokenizer there: AutoTokenizer.from_pretrained(<original>).save_pretrained(<this folder>)"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
-        raise ModelError(f"model.name: cannot load the tokenizer of '{cfg.name}': {str(e).splitlines()[0]}") from None
+        raise ModelError(f"model.name: cannot load the tokenizer of '{cfg.name}': {one_line(e)}") from None
+    _check_vocabulary(tok, cfg)
     # Right padding keeps every example's real tokens at positions 0..n-1, so cropping a map to
     # [:n, :n] removes padding exactly, for encoders and causal decoders alike.
     tok.padding_side = "right"
@@ -122,6 +176,7 @@ def load_model(cfg, device: str, dtype: str):
     """Load the weights with eager attention, in eval mode, on ``device`` in ``dtype`` (a torch
     dtype name; the device plan resolves ``model.dtype: auto``)."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModel
 
     source = resolve_model_name(cfg.name)
@@ -133,11 +188,80 @@ def load_model(cfg, device: str, dtype: str):
             attn_implementation="eager",
             dtype=getattr(torch, dtype),
         )
-    except (OSError, ValueError) as e:
-        raise ModelError(f"model.name: cannot load the weights of '{cfg.name}': {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, SafetensorError) as e:
+        raise ModelError(f"model.name: cannot load the weights of '{cfg.name}': {one_line(e)}") from None
     impl = getattr(model.config, "_attn_implementation", "eager")
     if impl != "eager":
         raise ModelError(
             f"model.name: '{cfg.name}' would not run eager attention (got {impl}); its maps cannot be read"
         )
     return model.eval().to(device)
+
+
+def _weight_file(source: str, name: str, cfg) -> Path | None:
+    """``name`` in the model's folder, or in the HuggingFace cache for a hub id; None if absent (for a hub id:
+    or not cached, which the workers may still download)."""
+    if Path(source).is_dir():
+        p = Path(source) / name
+        return p if p.is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(source, name, revision=cfg.revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why a weights file cannot be loaded (truncated, corrupt), read from its header and index only; None if
+    it looks whole. A safetensors header lists every tensor's byte range: safetensors refuses a file
+    shorter than they cover. A PyTorch zip archive keeps its directory at the end: a cut file has none."""
+    if not path.is_file():
+        return "missing"
+    if path.name.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt"):
+                return None
+        except Exception as e:  # noqa: BLE001 - SafetensorError or an OS error: either way unreadable
+            return one_line(e)
+    if path.name.endswith(".bin"):
+        with path.open("rb") as f:
+            zipped = f.read(2) == b"PK"  # torch.save's archive; an older pickle-only file has no header to read
+        if zipped and not zipfile.is_zipfile(path):
+            return "not a complete zip archive"
+    return None
+
+
+def check_weights(cfg, source: str) -> None:
+    """The weights the workers will load are there and whole: the file transformers picks (or every shard
+    its index names) opens, without reading the tensors. A hub id whose weights are not cached is left to
+    the workers."""
+    found = next(((n, p) for n in WEIGHT_FILES if (p := _weight_file(source, n, cfg)) is not None), None)
+    if found is None:
+        if Path(source).is_dir():
+            raise ModelError(
+                f"model.name: {source} has no weights (one of {', '.join(WEIGHT_FILES)}); save the model there "
+                "with model.save_pretrained(<this folder>)"
+            )
+        return
+    name, path = found
+    files = [path]
+    if name.endswith(".index.json"):
+        try:
+            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelError(
+                f"model.name: {path} is not a weights index (no readable weight_map: {one_line(e)})"
+            ) from None
+        files = [path.parent / s for s in shards]
+    for f in files:
+        why = _unreadable(f)
+        if why == "missing":
+            raise ModelError(
+                f"model.name: {path} names the weights file {f.name}, which is not there; copy the model again"
+            )
+        if why is not None:
+            raise ModelError(
+                f"model.name: the weights file {f} cannot be loaded ({why}); it is truncated or damaged: "
+                "copy or save the model again"
+            )

@@ -63,7 +63,8 @@ def test_describe_minilm():
 
 @pytest.fixture
 def long_context_config(tmp_path) -> Path:
-    """A config-only folder for a BERT with 4096 positions (describe_model reads nothing else)."""
+    """A config-only folder for a BERT with 4096 positions (describe_model reads nothing else when told not
+    to check the tokenizer and weights)."""
     from transformers import BertConfig
 
     BertConfig(
@@ -73,14 +74,20 @@ def long_context_config(tmp_path) -> Path:
 
 
 def test_default_max_length_is_capped_at_1024(long_context_config):
-    assert describe_model(ModelConfig(name=str(long_context_config))).max_length == 1024
-    assert describe_model(ModelConfig(name=str(long_context_config), max_length=1000)).max_length == 1000
+    assert describe_model(ModelConfig(name=str(long_context_config)), check_files=False).max_length == 1024
+    assert (
+        describe_model(ModelConfig(name=str(long_context_config), max_length=1000), check_files=False).max_length
+        == 1000
+    )
 
 
 def test_explicit_max_length_above_the_default_cap(long_context_config):
-    assert describe_model(ModelConfig(name=str(long_context_config), max_length=2048)).max_length == 2048
+    assert (
+        describe_model(ModelConfig(name=str(long_context_config), max_length=2048), check_files=False).max_length
+        == 2048
+    )
     with pytest.raises(ModelError, match="exceeds the model's 4096 positions; set it to 4096 or less"):
-        describe_model(ModelConfig(name=str(long_context_config), max_length=5000))
+        describe_model(ModelConfig(name=str(long_context_config), max_length=5000), check_files=False)
 
 
 def test_describe_tiny_gpt2(tiny_gpt2_dir):
