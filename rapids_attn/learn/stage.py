@@ -39,7 +39,8 @@ class LearnStage(Stage):
     def check(self, ctx: RunContext) -> None:
         """The learn settings fit the maps this run has (examples x kept layers x kept heads): KMeans's k,
         the k sweep's first k (each below the maps it fits on) and PCA's components (at most them). The
-        sweep's last k is clipped to one below the maps it fits on (sweep_k), not refused."""
+        sweep's last k is clipped to one below the maps it fits on (sweep_k), not refused. UMAP, DBSCAN and
+        HDBSCAN: :meth:`_check_density`."""
         from rapids_attn.errors import JobConfigError
 
         lay = ctx.layout
@@ -53,6 +54,7 @@ class LearnStage(Stage):
                 f"reduce.pca_components: {components} components need at least {components} maps to fit on; "
                 f"this run has {maps}: lower reduce.pca_components or add examples"
             )
+        self._check_density(fit_n, fitted)
         c = self.cluster_cfg
         if c.method != "kmeans":
             return
@@ -67,6 +69,42 @@ class LearnStage(Stage):
                 f"cluster.k_sweep: its first k {c.k_sweep[0]} is not below the {sweep_n} maps the sweep fits on "
                 f"(of {maps}; at most reduce.fit_sample and cluster.sweep_sample); lower it, or set k_sweep: null "
                 "to skip the sweep"
+            )
+
+    def _check_density(self, fit_n: int, fitted: str) -> None:
+        """Neighbourhood sizes the fit sample (``fit_n`` maps, described by ``fitted``) can hold.
+
+        - UMAP: fewer neighbours than maps (umap-learn silently truncates them, cuML does not), and at least
+          n_components + 2 maps (its spectral start needs n_components + 1 eigenvectors below the maps).
+        - DBSCAN: a core map has min_samples maps within eps, itself included: more than the maps is all noise.
+        - HDBSCAN: min_samples at most the maps (scikit-learn raises otherwise); clusters come from splits
+          into two parts of min_cluster_size maps or more (a single cluster is not allowed), so
+          2 x min_cluster_size above the maps leaves every map as noise.
+        """
+        from rapids_attn.errors import JobConfigError
+
+        more = "raise reduce.fit_sample" if "reduce.fit_sample" in fitted else "add examples"
+        u = self.reduce_cfg.umap
+        if u.enabled and u.n_neighbors >= fit_n:
+            raise JobConfigError(
+                f"reduce.umap.n_neighbors: {u.n_neighbors} neighbours need more maps than the {fitted} UMAP fits "
+                f"on; use at most {fit_n - 1}, or {more}"
+            )
+        if u.enabled and u.n_components + 2 > fit_n:
+            raise JobConfigError(
+                f"reduce.umap.n_components: {u.n_components} components need at least {u.n_components + 2} maps; "
+                f"UMAP fits on {fitted}: lower it, or {more}"
+            )
+        c = self.cluster_cfg
+        if c.method in ("dbscan", "hdbscan") and c.min_samples > fit_n:
+            raise JobConfigError(
+                f"cluster.min_samples: {c.min_samples} is more than the {fitted} {c.method.upper()} fits on "
+                f"(every map would be noise); use at most {fit_n}, or {more}"
+            )
+        if c.method == "hdbscan" and 2 * c.min_cluster_size > fit_n:
+            raise JobConfigError(
+                f"cluster.min_cluster_size: two clusters of {c.min_cluster_size} maps do not fit in the {fitted} "
+                f"HDBSCAN fits on (every map would be noise); use at most {fit_n // 2}, or {more}"
             )
 
     def uses_cluster(self, ctx: RunContext) -> bool:

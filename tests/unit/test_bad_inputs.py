@@ -1,12 +1,15 @@
 """Bad inputs from the hostile-user catalogue (issue 12): each is refused by ``--check`` (and so by a run)
 with exit 2 and one line on stderr that names the field, before anything is written."""
 
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import make_job
 
+from rapids_attn import devices
 from rapids_attn.run import main
 
 # (case id, job changes as --set words, extra CLI arguments, text appended to the job file, what the
@@ -47,6 +50,51 @@ CASES = [
     ),
     ("umap-metric", ["reduce.umap.enabled=true", "reduce.umap.metric=nosuch"], [], "", "reduce.umap.metric:"),
     ("umap-metric-one-backend", ["reduce.umap.enabled=true", "reduce.umap.metric=sqeuclidean"], [], "", "metric"),
+    # true/false fields take true or false, not 1, 0 or a string
+    ("processes-1", ["runtime.processes=1"], [], "", "runtime.processes: must be true or false"),
+    ("umap-enabled-0", ["reduce.umap.enabled=0"], [], "", "reduce.umap.enabled: must be true or false"),
+    ("report-string", ['explain.report="yes"'], [], "", "explain.report: must be true or false"),
+    ("trust-remote-code-1", ["model.trust_remote_code=1"], [], "", "model.trust_remote_code: must be true or false"),
+    # a device this machine lacks (the test hides any GPU)
+    ("device-cuda-no-gpu", ["extract.device=cuda"], [], "", "extract.device: cuda, but no CUDA device is visible"),
+    # neighbourhoods larger than the 80 maps the density fits and UMAP see
+    (
+        "umap-neighbours-equal-maps",
+        ["reduce.umap.enabled=true", "reduce.umap.n_neighbors=80"],
+        [],
+        "",
+        "reduce.umap.n_neighbors:",
+    ),
+    (
+        "umap-neighbours-above-fit-sample",
+        ["reduce.umap.enabled=true", "reduce.fit_sample=10"],
+        [],
+        "",
+        "reduce.umap.n_neighbors:",
+    ),
+    (
+        "umap-components-above-maps",
+        ["reduce.umap.enabled=true", "reduce.umap.n_components=79"],
+        [],
+        "",
+        "reduce.umap.n_components:",
+    ),
+    ("dbscan-min-samples", ["cluster.method=dbscan", "cluster.min_samples=81"], [], "", "cluster.min_samples:"),
+    ("hdbscan-min-samples", ["cluster.method=hdbscan", "cluster.min_samples=81"], [], "", "cluster.min_samples:"),
+    (
+        "hdbscan-min-cluster-size",
+        ["cluster.method=hdbscan", "cluster.min_cluster_size=41"],
+        [],
+        "",
+        "cluster.min_cluster_size:",
+    ),
+    (
+        "hdbscan-min-cluster-size-fit-sample",
+        ["cluster.method=hdbscan", "cluster.min_cluster_size=20", "reduce.fit_sample=30"],
+        [],
+        "",
+        "cluster.min_cluster_size:",
+    ),
 ]
 
 
@@ -57,7 +105,10 @@ def _job_file(tmp_path: Path, job: dict, append: str = "") -> Path:
 
 
 @pytest.mark.parametrize(("sets", "args", "append", "names"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2(tmp_path, capsys, tiny_bert_dir, pair_data, sets, args, append, names):
+def test_bad_input_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data, sets, args, append, names
+):
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)  # the same answers on a GPU machine
     job = make_job(tmp_path, tiny_bert_dir, pair_data)
     argv = [str(_job_file(tmp_path, job, append)), "--check", *args]
     for word in sets:
@@ -66,6 +117,81 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, tiny_bert_dir, pair_data
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert names in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def _one_line_exit_2(argv: list[str], capsys, names: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert names in err, err
+    return err
+
+
+def _rewritten(text_of):
+    """A maker of a bad job file: the valid job file rewritten as ``text_of(its text)`` (str or bytes)."""
+
+    def make(p: Path) -> Path:
+        out = text_of(p.read_text())
+        p.write_bytes(out if isinstance(out, bytes) else out.encode())
+        return p
+
+    return make
+
+
+# (case id, how the job path is made from a valid job file, what the line must say)
+JOB_PATHS = [
+    ("directory", lambda p: p.parent, "is a directory; give the job's YAML file"),
+    ("executable", lambda p: Path(sys.executable).resolve(), "is not a UTF-8 text file"),
+    (
+        "latin-1",
+        _rewritten(lambda t: ("# caf\u00e9\n" + t).encode("latin-1")),
+        "is not a UTF-8 text file (byte 5 is 0xe9)",
+    ),
+    ("nul-byte", _rewritten(lambda t: t + "\0\n"), "not a YAML text file (character #x0000"),
+    ("list", _rewritten(lambda t: "- a\n- b\n"), "must be a YAML mapping of sections, got list"),
+    ("scalar", _rewritten(lambda t: "just words\n"), "must be a YAML mapping of sections, got str"),
+    ("broken-yaml", _rewritten(lambda t: "data: [1\n"), "line 2: not valid YAML (expected ',' or ']'"),
+]
+
+
+@pytest.mark.parametrize(("make", "names"), [c[1:] for c in JOB_PATHS], ids=[c[0] for c in JOB_PATHS])
+def test_bad_job_file_is_one_line_exit_2(tmp_path, capsys, tiny_bert_dir, pair_data, make, names):
+    path = make(_job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data)))
+    _one_line_exit_2([str(path), "--check"], capsys, names)
+    assert not (tmp_path / "run").exists()
+
+
+def _cut(path: Path, drop: int = 1) -> None:
+    path.write_bytes(path.read_bytes()[:-drop])
+
+
+# (case id, files left out of a copy of the tiny BERT, what is then done to the copy, what the line must say)
+MODEL_FOLDERS = [
+    ("no-tokenizer", ("tokenizer*", "vocab.txt", "special_tokens_map.json"), None, "has no tokenizer files"),
+    (
+        "vocabulary-of-specials",
+        ("tokenizer*", "vocab.txt", "special_tokens_map.json"),
+        lambda m: (m / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"),
+        "reads every word of",
+    ),
+    ("no-weights", ("*.safetensors",), None, "has no weights (one of model.safetensors"),
+    ("truncated-safetensors", (), lambda m: _cut(m / "model.safetensors"), "model.safetensors cannot be loaded"),
+    ("no-config", ("config.json",), None, "has no config.json"),
+]
+
+
+@pytest.mark.parametrize(
+    ("without", "damage", "names"), [c[1:] for c in MODEL_FOLDERS], ids=[c[0] for c in MODEL_FOLDERS]
+)
+def test_bad_model_folder_is_one_line_exit_2(tmp_path, capsys, tiny_bert_dir, pair_data, without, damage, names):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model, ignore=shutil.ignore_patterns(*without))
+    if damage is not None:
+        damage(model)
+    job = make_job(tmp_path, model, pair_data)
+    err = _one_line_exit_2([str(_job_file(tmp_path, job)), "--check"], capsys, names)
+    assert "model.name: " in err and str(model) in err
     assert not (tmp_path / "run").exists()
 
 
@@ -127,3 +253,17 @@ def test_learn_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_
         explain={"report": False, "head_views": 0},
     )
     assert main([str(_job_file(tmp_path, job))]) == 0, capsys.readouterr().err
+
+
+def test_density_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_data):
+    """The largest neighbourhoods preflight allows on 80 maps (UMAP 79 neighbours, HDBSCAN min_samples 80 and
+    clusters of 40) fit without an error."""
+    job = make_job(
+        tmp_path,
+        tiny_bert_dir,
+        pair_data,
+        reduce={"umap": {"enabled": True, "n_neighbors": 79}},
+        cluster={"method": "hdbscan", "min_samples": 80, "min_cluster_size": 40, "k_sweep": None},
+        explain={"report": False, "head_views": 0},
+    )
+    assert main([str(_job_file(tmp_path, job)), "--stages", "extract,learn"]) == 0, capsys.readouterr().err
