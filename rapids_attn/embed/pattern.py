@@ -73,7 +73,8 @@ class PatternCNNEmbedder(Embedder):
             if x.shape[-1] != self.image_size or x.shape[-2] != self.image_size:
                 x = area_resize(x, self.image_size)
             p = profile[a : a + self.batch_size].to(self.device, self.dtype)
-            s = stats[a : a + self.batch_size].to(self.device, self.dtype)
+            # a one-token map's undefined stats (NaN) enter the network as 0, the value it was trained around
+            s = torch.nan_to_num(stats[a : a + self.batch_size], nan=0.0).to(self.device, self.dtype)
             logits, f = self.model(x.to(self.dtype), p, s, return_features=True)
             prob = torch.softmax(logits.float(), dim=1)
             top, idx = prob.max(dim=1)

@@ -28,8 +28,10 @@ def _span(layers: list[int]) -> str:
 
 
 def _signature(i: int, maps: _Maps, sums: _Sums, words: dict[str, str]) -> list[SignatureItem]:
-    """The three stats whose cluster mean differs most from the overall mean, in standard deviations."""
+    """The three stats whose cluster mean differs most from the overall mean, in standard deviations
+    (a stat that no map of the cluster defines has no z and is never among them)."""
     z = (sums.means[i] - sums.overall) / sums.std
+    order = [j for j in np.argsort(-np.abs(z)) if np.isfinite(z[j])]
     return [
         SignatureItem(
             stat=maps.stat_names[j],
@@ -38,7 +40,7 @@ def _signature(i: int, maps: _Maps, sums: _Sums, words: dict[str, str]) -> list[
             overall=float(sums.overall[j]),
             z=float(z[j]),
         )
-        for j in np.argsort(-np.abs(z))[:3]
+        for j in order[:3]
     ]
 
 

@@ -144,6 +144,7 @@ def _accumulate(g, maps: _Maps) -> _Sums:
     has_thumbs = S.THUMBNAILS in g
     t = g[S.THUMBNAILS].shape[-1] if has_thumbs else 0
     stat_sum = np.zeros((k, n_stats))
+    stat_n = np.zeros((k, n_stats))  # maps where each stat is defined (NaN: a one-token map's prev, next ...)
     stat_sq = np.zeros(n_stats)
     thumb_sum = np.zeros((k, t, t)) if has_thumbs else None
     red = g[S.REDUCED]
@@ -152,19 +153,25 @@ def _accumulate(g, maps: _Maps) -> _Sums:
     for a, b in maps.blocks():
         lab = maps.rows_of(a, b)
         st = np.asarray(g[S.STATS][a:b], dtype=np.float64).reshape(-1, n_stats)
+        defined = ~np.isnan(st)
+        st = np.where(defined, st, 0.0)
         np.add.at(stat_sum, lab, st)
+        np.add.at(stat_n, lab, defined)
         stat_sq += (st**2).sum(0)
         np.add.at(centre, lab, np.asarray(red[a:b], dtype=np.float64).reshape(-1, red.shape[-1]))
         counts += np.bincount(lab, minlength=k)
         if has_thumbs:
             np.add.at(thumb_sum, lab, decode_thumbnails(g[S.THUMBNAILS][a:b]).reshape(-1, t, t))
-    n = counts.sum()
-    overall = stat_sum.sum(0) / n
+    n = stat_n.sum(0)  # [stat]
+    with np.errstate(invalid="ignore", divide="ignore"):  # a stat defined on no map (of a cluster) is NaN
+        overall = stat_sum.sum(0) / n
+        means = stat_sum / stat_n
+        std = np.sqrt(np.maximum(stat_sq / n - overall**2, 1e-24))
     return _Sums(
         counts=counts,
-        means=stat_sum / np.maximum(counts, 1)[:, None],
+        means=means,
         overall=overall,
-        std=np.sqrt(np.maximum(stat_sq / n - overall**2, 1e-24)),
+        std=std,
         centre=centre / np.maximum(counts, 1)[:, None],
         thumb_sum=thumb_sum,
     )

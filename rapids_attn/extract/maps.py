@@ -17,13 +17,13 @@ import torch
 #: Scalar signature of one map, each a mean over the map's query rows (Clark et al. 2019).
 STAT_NAMES = (
     "entropy",  # -sum p log p of a row
-    "entropy_norm",  # entropy / log(number of keys the row can see); 0 = one-hot, 1 = uniform
+    "entropy_norm",  # entropy / log(number of keys the row can see); 0 = one-hot, 1 = uniform; NaN at n = 1
     "first",  # mass on the first token ([CLS] / BOS)
     "sep",  # mass on separator / end tokens ([SEP] / EOS) after the first position
     "punct",  # mass on punctuation tokens
     "self",  # mass on the query's own position
-    "prev",  # mass on the previous token (rows 1..n-1)
-    "next",  # mass on the next token (rows 0..n-2)
+    "prev",  # mass on the previous token (rows 1..n-1; NaN at n = 1, where no row has one)
+    "next",  # mass on the next token (rows 0..n-2; NaN at n = 1)
     "distance",  # mean |i - j| in tokens
     "max",  # row maximum
 )
@@ -217,10 +217,12 @@ def map_signature(
     distance = torch.bmm(a.transpose(0, 1), _distance(n, a.device)).mean(0).squeeze(-1)  # [head]
     ent_rows = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)  # [head, n]
     zeros = torch.zeros(h, device=a.device, dtype=torch.float32)
-    ent_norm = (ent_rows[:, sw.first_valid :] / sw.log_seen).mean(-1) if sw.first_valid < n else zeros
+    undefined = torch.full((h,), float("nan"), device=a.device, dtype=torch.float32)
+    # no row sees two keys (n = 1): the normalised entropy is 0/0, undefined
+    ent_norm = (ent_rows[:, sw.first_valid :] / sw.log_seen).mean(-1) if sw.first_valid < n else undefined
 
-    def diagonal(offset: int) -> torch.Tensor:
-        return a.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1) if abs(offset) < n else zeros
+    def diagonal(offset: int) -> torch.Tensor:  # no row has key i + offset (prev, next at n = 1): undefined
+        return a.diagonal(offset=offset, dim1=-2, dim2=-1).mean(-1) if abs(offset) < n else undefined
 
     mean = keys.mean(1)  # [head, 4]
     stats = torch.stack(

@@ -337,3 +337,21 @@ def test_some_noise_is_named_as_noise(tmp_path):
     # no learn warnings in this store's attributes, and no "trivial cluster" warning for the noise,
     # although all of it comes from group A's examples
     assert noise.groups.dominated and f.warnings == []
+
+
+def test_undefined_stats_are_left_out_of_the_means_not_counted_as_zero(tmp_path):
+    """A one-token map's prev, next and entropy_norm are NaN: cluster and overall means are over the maps
+    that define the stat, and a cluster where no map does gets NaN, never 0."""
+    g, cluster, stats, *_ = known_store(tmp_path)
+    stats = stats.astype(np.float64)
+    stats[:5, 0, 0, 2] = np.nan  # five maps of cluster 0 (head L0-H0) without the stat
+    g[STATS][:5, 0, 0, 2] = np.nan
+    f, _ = describe(g, ExplainConfig(exemplars=2, head_views=0, permutations=10))
+    c0 = next(c for c in f.clusters if c.id == 0)
+    assert c0.means[STAT_NAMES[2]] == pytest.approx(np.nanmean(stats[cluster == 0][:, 2]))
+    assert f.global_means[STAT_NAMES[2]] == pytest.approx(np.nanmean(stats[..., 2]))
+    g[STATS][:, 0, 0, 2] = np.nan  # now no map of cluster 0 defines it
+    f, _ = describe(g, ExplainConfig(exemplars=2, head_views=0, permutations=10))
+    c0 = next(c for c in f.clusters if c.id == 0)
+    assert np.isnan(c0.means[STAT_NAMES[2]])
+    assert all(item.stat != STAT_NAMES[2] for item in c0.signature)  # an undefined stat is never a signature

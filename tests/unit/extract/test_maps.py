@@ -161,8 +161,11 @@ def test_stats_per_head_and_single_token():
     assert out[0, S["entropy_norm"]] == pytest.approx(0.0, abs=1e-6)
     assert out[1, S["entropy_norm"]] == pytest.approx(1.0, rel=1e-5)
     one = map_stats(torch.ones(1, 1, 1), torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.bool), True)
-    assert torch.isfinite(one).all()
-    assert one[0, S["self"]] == 1.0 and one[0, S["first"]] == 1.0 and one[0, S["entropy_norm"]] == 0.0
+    assert one[0, S["self"]] == 1.0 and one[0, S["first"]] == 1.0 and one[0, S["entropy"]] == 0.0
+    # one token: no previous or next token, no second key to spread over: undefined, not 0
+    undefined = [S["entropy_norm"], S["prev"], S["next"]]
+    assert torch.isnan(one[0, undefined]).all()
+    assert torch.isfinite(one[0, [j for j in range(len(STAT_NAMES)) if j not in undefined]]).all()
 
 
 # --- area_resize ------------------------------------------------------------------------------
@@ -385,7 +388,8 @@ def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal:
     ent_rows = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)
     seen = torch.arange(1, n + 1).float() if causal else torch.full((n,), float(n))
     valid = seen > 1
-    ent_norm = (ent_rows[:, valid] / torch.log(seen[valid])).mean(-1) if valid.any() else torch.zeros(h)
+    nan = torch.full((h,), math.nan)
+    ent_norm = (ent_rows[:, valid] / torch.log(seen[valid])).mean(-1) if valid.any() else nan
     idx = torch.arange(n).float()
     dist = (idx[None, :] - idx[:, None]).abs()
     return torch.stack(
@@ -396,8 +400,8 @@ def plain_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal:
             a[:, :, sep].sum(-1).mean(-1),
             a[:, :, punct].sum(-1).mean(-1),
             a.diagonal(dim1=-2, dim2=-1).mean(-1),
-            a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),  # no previous token
-            a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else torch.zeros(h),
+            a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else nan,  # no previous token
+            a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else nan,
             (a * dist).sum(-1).mean(-1),
             a.amax(-1).mean(-1),
         ],
@@ -444,7 +448,7 @@ def test_signature_of_the_shortest_maps(n, causal):
     ids = torch.full((n,), 5)  # every token repeats the one before
     none = torch.zeros(n, dtype=torch.bool)
     stats, det = map_signature(a, SignatureWeights.build(none, none, causal, ids))
-    torch.testing.assert_close(stats, plain_stats(a, none, none, causal), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats, plain_stats(a, none, none, causal), rtol=1e-5, atol=1e-6, equal_nan=True)
     torch.testing.assert_close(det, reference_detectors(a, ids), rtol=1e-5, atol=1e-6, equal_nan=True)
     assert torch.isnan(det[:, 3:]).all() == (n == 1)  # the conditional scores: no row has a target at n = 1
     assert not torch.isnan(det[:, :3]).any()  # TransformerLens's: 0 there

@@ -227,6 +227,13 @@ def test_pattern_embedder_shapes(shipped):
     feats64, pattern64, _ = classify(emb, big, profile, stats)
     torch.testing.assert_close(feats64, feats, atol=1e-4, rtol=1e-3)
     assert torch.equal(pattern64, pattern)
+    # a one-token map's undefined stats (NaN) are read as 0: finite features, the same as zeros
+    holes = stats.clone()
+    undefined = [S["entropy_norm"], S["prev"], S["next"]]
+    holes[0, undefined] = float("nan")
+    filled = stats.clone()
+    filled[0, undefined] = 0.0
+    torch.testing.assert_close(classify(emb, images, profile, holes)[0], classify(emb, images, profile, filled)[0])
     f0, p0, q0 = classify(emb, images[:0], profile[:0], stats[:0])
     assert f0.shape == (0, emb.dim) and p0.shape == (0,) and q0.shape == (0,)
     with pytest.raises(ValueError, match="profile"):
