@@ -139,6 +139,8 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
 
     t0 = time.perf_counter()
     data = _index_data(cfg)
+    for w in data.warnings:  # once, here: --check shows them too; the explain stage puts them in the report
+        print(f"warning: {w}", file=sys.stderr)
     info = describe_model(cfg.model)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)

@@ -70,6 +70,8 @@ class ExplainStage(Stage):
         summary["clusters"]["descriptions"] = found["clusters"]
         summary["heads"] = found["heads_table"]
         summary["metadata"] = found["metadata"]
+        data_warnings = list(getattr(ctx.data, "warnings", ()))  # preflight printed them
+        findings.warnings[:0] = data_warnings  # the report's and summary.json's warnings start with the data's
         summary["warnings"] = findings.warnings
         summary["clusters"]["k_sweep"] = found["k_sweep"]
         summary["head_detectors"] = found["detectors"]
@@ -84,6 +86,7 @@ class ExplainStage(Stage):
         consolidate(ctx.store_path)
         learned = ctx.results.get("learn")  # the learn stage of this run printed its own warnings already
         printed = set(learned.to_dict().get("warnings") or []) if learned is not None else set()
+        printed.update(data_warnings)
         for w in findings.warnings:
             if w not in printed:
                 print(f"warning: {w}", file=sys.stderr)
