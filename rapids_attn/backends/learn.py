@@ -101,7 +101,8 @@ class LearnBackend:
             return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True)
         from sklearn.cluster import HDBSCAN
 
-        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples)
+        # copy=True: the future default, named so scikit-learn 1.8+ does not print a FutureWarning into the run
+        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, copy=True)
 
     def umap(self, n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
         if self.gpu:
