@@ -366,7 +366,7 @@ def _unprivileged_mounts() -> str | None:
 
 
 FULL_DISK_SCRIPT = """
-mount -t tmpfs -o size=1m tmpfs "$MNT" || exit 97
+mount -t tmpfs -o size=512k tmpfs "$MNT" || exit 97
 "$PY" -m rapids_attn.run "$JOB" > "$OUT/first.out" 2> "$OUT/first.err"; echo $? > "$OUT/first.rc"
 cp -a "$MNT/run" "$OUT/after_fail"
 mount -o remount,size=256m "$MNT" || exit 98
@@ -376,7 +376,7 @@ cp -a "$MNT/run" "$OUT/resumed"
 
 
 def test_full_disk_fails_in_one_line_and_resumes_identically(ref, tmp_path):
-    """output.dir on a 1 MB tmpfs (in a private mount namespace) fills up mid-extraction: the job fails
+    """output.dir on a 512 kB tmpfs (in a private mount namespace) fills up mid-extraction: the job fails
     with one line, not a traceback; after the mount is made bigger the same command resumes, and the
     store is identical to the reference."""
     why = _unprivileged_mounts()
