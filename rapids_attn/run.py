@@ -1,20 +1,50 @@
 """``python -m rapids_attn.run job.yaml [--set a.b=value ...] [--stages extract,learn,explain] [--overwrite]``
 
-The only place that exits. Exit codes: 0 success; 2 a problem with the job or its inputs (one
-line on stderr naming the field, file or line and how to fix it, no traceback); 1 an internal
-failure (with its traceback).
+The only place that exits. Every failure is one line on stderr (``-v`` adds the traceback), except
+an internal failure, which keeps its traceback. Exit codes:
+
+- 0: success.
+- 1: an internal failure (a bug): its traceback.
+- 2: a problem with the job, its inputs or its environment, in one line that names the field, file,
+  line or path and the fix. Errors raised on a worker (a model whose weights do not load) arrive
+  re-raised here with their own type and are reported the same way; the workers' own log of the
+  failed task is quiet unless ``-v`` (:mod:`rapids_attn.runtime`). A full disk or quota (ENOSPC,
+  EDQUOT) anywhere in the run, in this process or on a worker, is this kind of error too:
+  ``error: no space left on device writing <path>; free space and rerun the same command to resume
+  (finished shards are kept)``; nothing half-written is taken for finished (a shard counts only once
+  its done-marker is written, after its rows).
+- 130: interrupted (Ctrl-C, SIGINT); 143: terminated (SIGTERM, 128 + 15 as a shell reports it).
+  Either way the run unwinds the same way: the cluster is closed (its workers ignore SIGINT, so
+  Ctrl-C in a terminal interrupts this process only), finished shards are kept, and one line says
+  that rerunning the same command resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+import traceback
 
 from rapids_attn.errors import UserError
+
+#: errno values that mean "the disk (or the user's quota) is full"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+INTERRUPTED = "interrupted: finished shards are kept; rerun the same command to resume"
+TERMINATED = "terminated (SIGTERM): finished shards are kept; rerun the same command to resume"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt, so that a terminated run
+    unwinds exactly like an interrupted one (the cluster closed, finished shards kept)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +78,9 @@ def configure_process(verbose: bool) -> None:
       libgomp; an explicit OMP_WAIT_POLICY in the environment wins (docs/benchmarks.md).
     - Hugging Face progress bars (one per worker per model load) are noise next to the job's own
       progress bar; the variable also reaches the worker processes the job starts.
-    - Logging: warnings only, and distributed's, bokeh's and tornado's loggers quiet unless -v.
+    - Logging: warnings only, and distributed's, bokeh's and tornado's loggers quiet unless -v:
+      distributed's errors too (a failed task, a worker lost to a signal), since every failure that
+      reaches the job is reported in its one line; a local cluster's workers follow (runtime.py).
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -57,8 +89,51 @@ def configure_process(verbose: bool) -> None:
     if not verbose:
         import distributed  # noqa: F401  (it sets its loggers' levels on import; quiet them after)
 
-        for name in ("distributed", "bokeh", "tornado"):
+        logging.getLogger("distributed").setLevel(logging.CRITICAL)
+        for name in ("bokeh", "tornado"):
             logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside, the first SIGTERM raises :class:`Terminated` in the main thread; a repeated one (a process
+    manager's reminder) is ignored while the run closes. The previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def disk_full(exc: BaseException) -> OSError | None:
+    """The OSError meaning a full disk or quota in ``exc``, its causes and contexts, or an exception
+    group's members (a library may wrap it); None if there is none."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        todo.extend([e.__cause__, e.__context__, *getattr(e, "exceptions", ())])
+    return None
+
+
+def fail(message: str, code: int, verbose: bool) -> int:
+    """Report a failure: the traceback first with -v, then the one line."""
+    if verbose:
+        traceback.print_exc()
+    print(message, file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,27 +146,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown argument {unknown[0]}; see --help", file=sys.stderr)
         return 2
     configure_process(args.verbose)
+    cfg = None
     try:
-        from rapids_attn.job import load_job
-        from rapids_attn.pipeline import parse_stages, preflight, run_job
+        with sigterm_as_interrupt():
+            from rapids_attn.job import load_job
+            from rapids_attn.pipeline import parse_stages, preflight, run_job
 
-        cfg = load_job(args.job, args.overrides + stray)
-        stages = parse_stages(args.stages)
-        if args.check:
-            ctx = preflight(cfg, stages).ctx
-            print(
-                f"ok: {len(ctx.data)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} heads, "
-                f"{ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}"
-            )
-            return 0
-        t0 = time.perf_counter()
-        summary = run_job(cfg, stages, overwrite=args.overwrite)
+            cfg = load_job(args.job, args.overrides + stray)
+            stages = parse_stages(args.stages)
+            if args.check:
+                ctx = preflight(cfg, stages).ctx
+                print(
+                    f"ok: {len(ctx.data)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} "
+                    f"heads, {ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}"
+                )
+                return 0
+            t0 = time.perf_counter()
+            summary = run_job(cfg, stages, overwrite=args.overwrite)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("interrupted: finished shards are kept; rerun the same command to resume", file=sys.stderr)
-        return 130
+        return fail(f"error: {e}", e.exit_code, args.verbose)
+    except KeyboardInterrupt as e:
+        if isinstance(e, Terminated):
+            return fail(TERMINATED, 143, args.verbose)
+        return fail(INTERRUPTED, 130, args.verbose)
+    except Exception as e:
+        full = disk_full(e)
+        if full is None:
+            raise  # an internal failure: its traceback, exit 1
+        where = full.filename or (cfg.run_dir if cfg is not None else "the run directory")
+        return fail(
+            f"error: no space left on device writing {where}; free space and rerun the same command to resume "
+            "(finished shards are kept)",
+            2,
+            args.verbose,
+        )
     counts = summary.get("counts")
     took = time.perf_counter() - t0
     if counts:

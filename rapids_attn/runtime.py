@@ -9,12 +9,25 @@
 
 The dashboard listens on ``runtime.dashboard_address`` (127.0.0.1:8787 by default); when that port
 is busy, distributed picks a free one, and the link actually used is reported.
+
+Failures stay one line (issue 12). Ctrl-C reaches every process of the terminal's process group, so
+a local cluster's worker processes start with SIGINT blocked (:func:`sigint_blocked`) and then ignore
+it (the :class:`IgnoreSigint` plugin, which restarted workers get too): only the job process is
+interrupted, and it closes the cluster. Distributed's own logs in the worker processes
+follow the job's: when the job process has quieted distributed (the CLI without ``-v``), the
+workers log nothing below CRITICAL, so a task that fails ("Compute Failed") or a worker that stops
+mid-task prints nothing beside the job's one line. After an interrupt, the shutdown is silent too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
+
+from distributed import WorkerPlugin
 
 from rapids_attn.devices import cuda_device_count
 from rapids_attn.errors import BackendUnavailableError
@@ -49,6 +62,49 @@ def check_runtime(cfg) -> None:
 RMM_LIBS = ["torch", "cupy"]
 
 
+def worker_log_level() -> int:
+    """The level of distributed's logs in a local cluster's processes: CRITICAL when this process has
+    quieted distributed (``run.configure_process`` without ``-v``: a worker's "Compute Failed" dump is
+    then noise before the job's one-line error), otherwise ERROR, as before."""
+    return logging.ERROR if logging.getLogger("distributed").isEnabledFor(logging.WARNING) else logging.CRITICAL
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """Block SIGINT in the calling thread while a local cluster starts.
+
+    The cluster's event-loop thread starts inside and inherits the mask, and so does every worker
+    process the nannies spawn from that loop's threads: a worker starts with SIGINT blocked, before
+    any Python code of its own runs, so a Ctrl-C while the cluster starts (sent to the whole process
+    group) reaches the job process alone; there it stays pending and is raised on leaving.
+    multiprocessing's resource tracker unblocks SIGINT in the thread that first starts it, so it is
+    started here, before the mask is set. Off the main thread, or without ``pthread_sigmask``, a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class IgnoreSigint(WorkerPlugin):
+    """A worker plugin: each worker process of a local cluster, a restarted one too, ignores SIGINT for
+    good (a blocked SIGINT could be unblocked by a library; an ignored one is discarded). ``setup`` runs
+    on the worker's event loop, which is its process's main thread, where a handler can be set."""
+
+    name = "rapids-attn-ignore-sigint"
+
+    def setup(self, worker) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def local_cluster_args(cfg, n_workers: int) -> dict:
     """``distributed.LocalCluster``'s arguments for ``runtime.cluster: local``."""
     return {
@@ -56,7 +112,7 @@ def local_cluster_args(cfg, n_workers: int) -> dict:
         "threads_per_worker": cfg.threads_per_worker,
         "processes": cfg.processes,
         "dashboard_address": cfg.dashboard_address,
-        "silence_logs": logging.ERROR,
+        "silence_logs": worker_log_level(),
     }
 
 
@@ -71,7 +127,7 @@ def local_cuda_cluster_args(cfg, n_workers: int) -> dict:
         "n_workers": n_workers,
         "threads_per_worker": cfg.threads_per_worker,
         "dashboard_address": cfg.dashboard_address,
-        "silence_logs": logging.ERROR,
+        "silence_logs": worker_log_level(),
     }
     pool = 0.8 if cfg.rmm_pool_size == "auto" else cfg.rmm_pool_size
     if pool is not None:
@@ -100,7 +156,12 @@ def worker_allocators() -> str:
 
 
 class Runtime:
-    """``with Runtime(job.runtime) as client: ...`` starts (or joins) the cluster and closes it after."""
+    """``with Runtime(job.runtime) as client: ...`` starts (or joins) the cluster and closes it after.
+
+    If the start itself fails or is interrupted, what was started is closed before the error goes on.
+    Leaving on an interrupt (Ctrl-C, or SIGTERM turned into one by the CLI), distributed's loggers are
+    silenced while the cluster closes: the workers that stop mid-task are expected, not news.
+    """
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -109,6 +170,13 @@ class Runtime:
         self.description: dict = {}
 
     def __enter__(self):
+        try:
+            return self._start()
+        except BaseException as e:
+            self.__exit__(type(e), e, e.__traceback__)
+            raise
+
+    def _start(self):
         from distributed import Client
 
         cfg = self.cfg
@@ -117,14 +185,19 @@ class Runtime:
         if cfg.cluster == "local":
             from distributed import LocalCluster
 
-            self.cluster = LocalCluster(**local_cluster_args(cfg, n))
+            with sigint_blocked() if cfg.processes else contextlib.nullcontext():
+                self.cluster = LocalCluster(**local_cluster_args(cfg, n))
             self.client = Client(self.cluster)
+            if cfg.processes:
+                self.client.register_plugin(IgnoreSigint())
         elif cfg.cluster == "local-cuda":
             from dask_cuda import LocalCUDACluster
 
             kw = local_cuda_cluster_args(cfg, n)
-            self.cluster = LocalCUDACluster(**kw)
+            with sigint_blocked():
+                self.cluster = LocalCUDACluster(**kw)
             self.client = Client(self.cluster)
+            self.client.register_plugin(IgnoreSigint())
             self.description["rmm_pool_size"] = kw.get("rmm_pool_size")
             self.description["rmm"] = sorted(set(self.client.run(worker_allocators).values()))
         else:
@@ -153,9 +226,24 @@ class Runtime:
         )
         return self.client
 
-    def __exit__(self, *exc):
-        if self.client is not None:
-            self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
+    def __exit__(self, exc_type=None, exc=None, tb=None):
+        interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+        with logging_off() if interrupted else contextlib.nullcontext():
+            client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
         return False
+
+
+@contextlib.contextmanager
+def logging_off():
+    """Every logger off inside (distributed's scheduler, nannies and client log from several threads
+    while an interrupted cluster closes), the previous threshold restored after."""
+    old = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(old)

@@ -10,6 +10,7 @@ device plan (:mod:`rapids_attn.devices`).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -215,7 +216,13 @@ class Extractor:
         }
         if thumbs is not None:
             arrays[S.THUMBNAILS] = thumbs
-        write_shard(task.store_path, self.layout, task.shard, arrays)
+        try:
+            write_shard(task.store_path, self.layout, task.shard, arrays)
+        except OSError as e:
+            # a full disk: a chunk file's write names no file; name the store, for the job's one line
+            if e.errno in (errno.ENOSPC, errno.EDQUOT) and not e.filename:
+                raise OSError(e.errno, e.strerror, task.store_path) from e
+            raise
         seconds["write"] = time.perf_counter() - t4
         return ShardResult(
             shard=task.shard,

@@ -50,4 +50,4 @@ def test_cli_sets_process_state_once(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     configure_process(verbose=False)
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
-    assert logging.getLogger("distributed").level == logging.ERROR
+    assert logging.getLogger("distributed").level == logging.CRITICAL

@@ -172,3 +172,71 @@ def test_nonpositive_limit(tmp_path, capsys, tiny_bert_dir, pair_data, value):
     p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
     assert main([str(p), "--set", f"data.limit={value}", "--check"]) == 2
     assert "data.limit" in capsys.readouterr().err
+
+
+# -- failures are one line (issue 12) --------------------------------------------------------------------
+
+
+def test_verbose_adds_the_traceback_to_a_user_error(tmp_path, capsys, tiny_bert_dir, pair_data):
+    p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data, extract={"layers": [0, 5]}))
+    assert main([str(p), "--check"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main([str(p), "--check", "-v"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Traceback") and "JobConfigError" in err
+    assert err.splitlines()[-1].startswith("error: extract.layers: [5] out of range")
+
+
+def test_disk_full_is_found_wherever_a_library_wrapped_it():
+    import errno
+
+    from rapids_attn.run import disk_full
+
+    class Group(Exception):  # an exception group's shape (ExceptionGroup is 3.11+)
+        def __init__(self, *exceptions):
+            super().__init__("writes failed")
+            self.exceptions = exceptions
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/x/store.zarr/features/c/0")
+    try:
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError("could not write a chunk")  # the implicit context is the point
+    except RuntimeError as e:
+        wrapped = e
+    assert disk_full(wrapped) is full
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert disk_full(Group(ValueError("x"), Group(quota))) is quota
+    assert disk_full(Group(ValueError("x"), RuntimeError("y"))) is None
+    assert disk_full(OSError(errno.EACCES, "Permission denied", "/x")) is None
+    assert disk_full(KeyboardInterrupt()) is None
+
+
+def test_sigterm_raises_terminated_and_the_handler_is_restored():
+    import os
+    import signal
+    import time
+
+    from rapids_attn.run import Terminated, sigterm_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated), sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises as soon as the signal arrives
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert issubclass(Terminated, KeyboardInterrupt)  # unwinds (closes the cluster) as Ctrl-C does
+
+
+@pytest.mark.parametrize("exc, code, line", [(KeyboardInterrupt, 130, "interrupted: "), (None, 143, "terminated ")])
+def test_an_interrupt_is_one_line(tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data, exc, code, line):
+    from rapids_attn import pipeline
+    from rapids_attn.run import Terminated
+
+    def stop(*a, **k):
+        raise (exc or Terminated)()
+
+    monkeypatch.setattr(pipeline, "run_job", stop)
+    assert main([str(job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data)))]) == code
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(line) and err.endswith("rerun the same command to resume")

@@ -2,12 +2,15 @@
 tests/contract against the dask-cuda wheel; here, what the project asks for."""
 
 import inspect
+import logging
+import os
+import signal
 
 import pytest
 from distributed import LocalCluster
 
 from rapids_attn.job import RuntimeConfig
-from rapids_attn.runtime import local_cluster_args, local_cuda_cluster_args
+from rapids_attn.runtime import Runtime, local_cluster_args, local_cuda_cluster_args
 
 
 def test_local_cluster_arguments_bind_to_distributed():
@@ -29,3 +32,68 @@ def test_no_pool_leaves_torch_and_cupy_on_their_own_allocators():
     kw = local_cuda_cluster_args(RuntimeConfig(cluster="local-cuda", rmm_pool_size=None), 2)
     assert "rmm_pool_size" not in kw and "rmm_allocator_external_lib_list" not in kw
     assert kw["n_workers"] == 2
+
+
+# -- one line per failure (issue 12): quiet workers, Ctrl-C for the job process only ----------------------
+
+
+def test_worker_logs_follow_the_job_process():
+    """Quiet (the CLI without -v): distributed's workers log nothing below CRITICAL, so a failed task's
+    "Compute Failed" dump does not precede the job's one line; otherwise errors, as before."""
+    log = logging.getLogger("distributed")
+    old = log.level
+    try:
+        log.setLevel(logging.CRITICAL)
+        assert local_cluster_args(RuntimeConfig(), 1)["silence_logs"] == logging.CRITICAL
+        assert local_cuda_cluster_args(RuntimeConfig(cluster="local-cuda"), 1)["silence_logs"] == logging.CRITICAL
+        log.setLevel(logging.INFO)
+        assert local_cluster_args(RuntimeConfig(), 1)["silence_logs"] == logging.ERROR
+    finally:
+        log.setLevel(old)
+
+
+def test_local_worker_processes_ignore_sigint():
+    """Ctrl-C reaches the whole process group; the workers neither see it (blocked from their start) nor
+    act on it (ignored), and the job process's own mask and handler are as before."""
+    before = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    with Runtime(RuntimeConfig(n_workers=1, processes=True, dashboard_address=":0")) as client:
+        (handler,) = client.run(signal.getsignal, signal.SIGINT).values()
+        (blocked,) = client.run(signal.pthread_sigmask, signal.SIG_BLOCK, []).values()
+        (pid,) = client.run(os.getpid).values()
+    assert handler == signal.SIG_IGN
+    assert signal.SIGINT in blocked
+    assert pid != os.getpid()
+    assert (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])) == before
+
+
+def test_an_interrupted_start_closes_what_it_started(monkeypatch):
+    from distributed import Client
+
+    started = []
+
+    def interrupted(self):
+        started.append(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Client, "scheduler_info", interrupted)
+    rt = Runtime(RuntimeConfig(n_workers=1, processes=False, dashboard_address=":0"))
+    with pytest.raises(KeyboardInterrupt):
+        rt.__enter__()
+    (client,) = started
+    assert rt.client is None and rt.cluster is None
+    assert client.status == "closed" and client.cluster.status.name == "closed"
+
+
+def test_logging_is_off_while_an_interrupted_cluster_closes():
+    seen = []
+
+    class Fake:
+        def close(self):
+            seen.append(logging.root.manager.disable)
+
+    for exc, want in [(KeyboardInterrupt, logging.CRITICAL), (ValueError, logging.NOTSET), (None, logging.NOTSET)]:
+        rt = Runtime(RuntimeConfig())
+        rt.client, rt.cluster = Fake(), Fake()
+        before = logging.root.manager.disable
+        rt.__exit__(exc, exc() if exc else None, None)
+        assert seen[-2:] == [want, want] and logging.root.manager.disable == before
