@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_job(args.job, args.overrides + stray)
             stages = parse_stages(args.stages)
             if args.check:
-                ctx = preflight(cfg, stages).ctx
+                ctx = preflight(cfg, stages, args.overwrite).ctx
                 print(
                     f"ok: {len(ctx.data)} examples, {len(ctx.layout.layers)} layers x {len(ctx.layout.heads)} "
                     f"heads, {ctx.layout.n_shards} shards, feature dim {ctx.layout.feature_dim} -> {ctx.run_dir}"

@@ -393,10 +393,10 @@ def test_full_disk_fails_in_one_line_and_resumes_identically(ref, tmp_path):
     assert r.returncode == 0, f"the namespace script failed ({r.returncode})"
     first_rc, first_err = int((out / "first.rc").read_text()), (out / "first.err").read_text()
     kept = shards_done(out / "after_fail")
-    assert first_rc != 0 and kept is not None and 0 < kept.sum() < kept.size, (first_rc, kept, first_err[-2000:])
+    assert first_rc == 2 and kept is not None and 0 < kept.sum() < kept.size, (first_rc, kept, first_err[-2000:])
     assert "Traceback" not in first_err, first_err[-3000:]
     line = one_line(first_err)
-    assert str(mnt) in line, line
+    assert str(mnt) in line and "no space left on device" in line and "rerun the same command" in line, line
     second_rc = int((out / "second.rc").read_text())
     assert second_rc == 0, (out / "second.err").read_text()[-3000:]
     assert_identical(out / "resumed", ref.run)

@@ -135,6 +135,8 @@ def test_overwrite_writes_beside_a_users_files_and_marks_the_directory(capsys, j
     run.mkdir()
     (run / "notes.txt").write_text("my notes")
     _refused(capsys, job_path, run, "--stages", "extract")
+    assert main([str(job_path), "--stages", "extract", "--check", "--overwrite"]) == 0  # as the run will decide
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]  # --check wrote nothing
     assert main([str(job_path), "--stages", "extract", "--overwrite"]) == 0
     assert (run / "notes.txt").read_text() == "my notes"
     assert read_marker(run) is not None and (run / "store.zarr" / "zarr.json").is_file()
