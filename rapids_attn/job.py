@@ -266,6 +266,9 @@ class ClusterConfig(Section):
     min_cluster_size: int = Field(20, ge=2)
     #: maps sampled for the silhouette score in summary.json (0 skips it).
     silhouette_sample: int = Field(5000, ge=0)
+    #: kmeans: refits with this many other seeds on the fit sample, for the stability figure in summary.json
+    #: (adjusted Rand index of each against the fit); 0 skips them. The k sweep's auto pick also uses it.
+    stability_seeds: int = Field(2, ge=0, le=10)
 
     @field_validator("k_sweep")
     @classmethod

@@ -11,7 +11,7 @@ facts that the report's overview shows beside the findings.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -148,6 +148,8 @@ class KSweep:
     best_silhouette_k: int | None
     n: int  # maps in the sweep's sample
     chosen: int  # the k the clustering used
+    #: per k, the ARI of its fit against a refit with the next seed (None: not measured)
+    stability: list[float | None] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> KSweep | None:
@@ -161,6 +163,7 @@ class KSweep:
             best_silhouette_k=d["best_silhouette_k"],
             n=d["n"],
             chosen=d["chosen"],
+            stability=list(d.get("stability") or [None] * len(d["k"])),
         )
 
 
@@ -246,6 +249,8 @@ class ClusteringOverview:
     silhouette: float | None
     noise_share: float
     embedder: str
+    #: KMeans: the lowest ARI of the fit against its refits with other seeds (None: not measured)
+    stability: float | None = None
 
 
 @dataclass

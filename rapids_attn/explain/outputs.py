@@ -143,6 +143,8 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
             "noise_share": learn.get("noise_share"),
             "silhouette": learn.get("silhouette"),
             "silhouette_sample": learn.get("silhouette_sample"),
+            # KMeans: ARI of the fit against refits with other seeds (1: the seed does not matter)
+            "stability": learn.get("stability"),
             "n_fit": learn.get("n_fit"),
             "pca_components": learn.get("pca_components"),
             "pca_explained_variance": learn.get("pca_explained_variance"),

@@ -170,7 +170,9 @@ def render_html(
     cl = overview.clustering
     sub = (
         f"{_num(overview.counts['examples'])} examples, {_num(overview.counts['maps'])} maps, "
-        f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {_num(cl.silhouette)})"
+        f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {_num(cl.silhouette)}"
+        + (f", seed stability ARI {_num(cl.stability)}" if cl.stability is not None else "")
+        + ")"
     )
     nav = [("overview", "Overview")]
     if findings.warnings:

@@ -345,12 +345,14 @@ def _k_sweep_section(findings: Findings, figs: _Figures) -> str:
         return ""
     rows = "".join(
         f"<tr{' class=chosen' if k == ks.chosen else ''}><td class=n>{_e(k)}</td>"
-        f"<td class=n>{_e(_num(inertia))}</td><td class=n>{_e(_num(sil))}</td></tr>"
-        for k, inertia, sil in zip(ks.k, ks.inertia, ks.silhouette)
+        f"<td class=n>{_e(_num(inertia))}</td><td class=n>{_e(_num(sil))}</td><td class=n>{_e(_num(ari))}</td></tr>"
+        for k, inertia, sil, ari in zip(ks.k, ks.inertia, ks.silhouette, ks.stability or [None] * len(ks.k))
     )
     return f"""
 <section id="k-sweep"><h2>Choosing k</h2>
-<p>Chosen k: <b>{_e(ks.chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.</p>
+<p>Chosen k: <b>{_e(ks.chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.
+"Seed ARI" compares each k's clusters with a refit under the next seed (1: the seed does not matter);
+<code>n_clusters: auto</code> takes the best silhouette among the k at 0.9 or above.</p>
 <div class="row"><div>{_img(figs.k_sweep, "inertia and silhouette against k")}</div>
-<div><table><thead><tr><th class=n>k</th><th class=n>inertia</th><th class=n>silhouette</th></tr></thead>
+<div><table><thead><tr><th class=n>k</th><th class=n>inertia</th><th class=n>silhouette</th><th class=n>seed ARI</th></tr></thead>
 <tbody>{rows}</tbody></table></div></div></section>"""

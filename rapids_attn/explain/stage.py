@@ -112,6 +112,7 @@ class ExplainStage(Stage):
                 n_clusters=c["n_clusters"],
                 silhouette=c["silhouette"],
                 noise_share=c["noise_share"],
+                stability=(c.get("stability") or {}).get("min_ari"),
                 embedder=self.embed_name,
             ),
         )

@@ -65,21 +65,49 @@ def _sample_maps(
     return np.sort(np.concatenate([rng.choice(members[i], quota[i], replace=False) for i in quota]))
 
 
-def sweep_k(backend: LearnBackend, z, k_range: list[int], sample: int, sil_sample: int, seed: int) -> dict:
-    """KMeans inertia and silhouette for each k in [first, last] on a seeded sample of ``z``."""
+#: the adjusted Rand index between seeds at which a k counts as stable (the auto pick prefers those)
+STABLE_ARI = 0.9
+
+
+def seed_agreement(backend: LearnBackend, z, labels, k: int, seeds: list[int]) -> list[float]:
+    """The adjusted Rand index of ``labels`` (a KMeans fit of ``z``) against a KMeans refit of ``z`` with
+    each of ``seeds``: 1 means the clusters do not depend on the seed."""
+    from sklearn.metrics import adjusted_rand_score
+
+    mine = backend.to_numpy(labels)
+    return [
+        round(float(adjusted_rand_score(mine, backend.to_numpy(backend.kmeans(k, s).fit_predict(z)))), 4) for s in seeds
+    ]
+
+
+def sweep_k(
+    backend: LearnBackend, z, k_range: list[int], sample: int, sil_sample: int, seed: int, stability: bool = True
+) -> dict:
+    """KMeans inertia, silhouette and, with ``stability``, the ARI against a refit with the next seed, for
+    each k in [first, last] on a seeded sample of ``z``. ``best_silhouette_k`` is the best silhouette
+    among the stable k (ARI >= :data:`STABLE_ARI`), or among all when none is stable."""
     n = z.shape[0]
     idx = _sample_maps(n, sample, seed)
     zs = z[backend.xp.asarray(idx)] if backend.gpu else z[idx]
     ks = [k for k in range(k_range[0], k_range[1] + 1) if k < len(idx)]
-    inertia, sil = [], []
+    inertia, sil, agree = [], [], []
     for k in ks:
         km = backend.kmeans(k, seed)
         labels = km.fit_predict(zs)
         inertia.append(float(km.inertia_))
         sil.append(backend.silhouette(zs, labels, sil_sample, seed))
-    scored = [(s, k) for k, s in zip(ks, sil) if s is not None]
-    best = max(scored)[1] if scored else None
-    return {"k": ks, "inertia": inertia, "silhouette": sil, "best_silhouette_k": best, "n": len(idx)}
+        agree.append(seed_agreement(backend, zs, labels, k, [seed + 1])[0] if stability else None)
+    scored = [(s, k, a) for k, s, a in zip(ks, sil, agree) if s is not None]
+    stable = [(s, k) for s, k, a in scored if a is None or a >= STABLE_ARI]
+    best = max(stable or [(s, k) for s, k, _ in scored])[1] if scored else None
+    return {
+        "k": ks,
+        "inertia": inertia,
+        "silhouette": sil,
+        "stability": agree,
+        "best_silhouette_k": best,
+        "n": len(idx),
+    }
 
 
 def _read_sample(backend: LearnBackend, feats, idx: np.ndarray, rows: int):
@@ -124,7 +152,9 @@ class _Model:
         self.seconds = {"reduce_fit": t1 - t0, "k_sweep": 0.0}
         if self.method == "kmeans":
             if c.k_sweep is not None:
-                self.sweep = sweep_k(self.backend, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed)
+                self.sweep = sweep_k(
+                    self.backend, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed, c.stability_seeds > 0
+                )
                 self.seconds["k_sweep"] = time.perf_counter() - t1
             k = c.n_clusters
             if k == "auto":
@@ -138,6 +168,18 @@ class _Model:
         self.fit_z, self.fit_labels = z, self.backend.asarray(labels).astype(self.backend.xp.int32)
         self.seconds["cluster_fit"] = time.perf_counter() - t1 - self.seconds["k_sweep"]
         return z, self.fit_labels
+
+    def stability(self) -> dict | None:
+        """KMeans's dependence on its seed: the fit's labels of the fit sample against refits with the
+        next ``cluster.stability_seeds`` seeds (None for a deterministic method, or when skipped)."""
+        n = self.cluster_cfg.stability_seeds
+        if self.method != "kmeans" or not n:
+            return None
+        t = time.perf_counter()
+        seeds = [self.seed + i for i in range(1, n + 1)]
+        ari = seed_agreement(self.backend, self.fit_z, self.fit_labels, int(self.clusterer.n_clusters), seeds)
+        self.seconds["stability"] = time.perf_counter() - t
+        return {"seeds": seeds, "ari": ari, "min_ari": min(ari), "n_fit": int(self.fit_z.shape[0])}
 
     def make_clusterer(self, k: int | None = None):
         """The clusterer this fit uses (KMeans needs its k: ``n_clusters``, or the sweep's pick)."""
@@ -256,6 +298,7 @@ def fit_store(
         try:  # the parts are held on the workers' GPUs until released, whatever happens
             fit.fit(feats, idx, reduce, cluster, timings)
             model, placement = fit.model, fit.placement
+            stability = None  # the fit sample stays spread over the GPUs: no refits (summary says so)
             k = int(model.pca.n_components)
             _output_arrays(g, e, nl, nh, rows, k)
             t2 = time.perf_counter()
@@ -272,6 +315,7 @@ def fit_store(
         t1 = time.perf_counter()
         model = _Model(reduce, cluster, seed, backend, d)
         model.fit(x_fit)
+        stability = model.stability()
         timings["fit"] = time.perf_counter() - t1
         timings.update(model.seconds)
         k = int(getattr(model.pca, "n_components_", None) or min(reduce.pca_components, d))
@@ -301,6 +345,7 @@ def fit_store(
         "warnings": noise_warnings(cluster, counts, n_maps),
         "silhouette": sil,
         "silhouette_sample": min(cluster.silhouette_sample, len(idx)),
+        "stability": stability,
         "k_sweep": model.sweep,
         "sample_by": reduce.sample_by,
         "seconds": timings,

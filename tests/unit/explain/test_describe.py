@@ -21,6 +21,7 @@ SWEEP = {
     "best_silhouette_k": 3,
     "n": 160,
     "chosen": 3,
+    "stability": [1.0, 0.97, 0.55],
 }
 
 
