@@ -25,7 +25,7 @@ import cuml
 import cupy
 
 from rapids_attn import devices
-from rapids_attn.backends.learn import LearnBackend
+from rapids_attn.backends.learn import KMEANS_N_INIT, LearnBackend
 from rapids_attn.job import ClusterConfig, ReduceConfig, RuntimeConfig
 from rapids_attn.learn.fit import _Model, supports_multi_gpu
 from rapids_attn.runtime import RMM_LIBS, local_cluster_args, local_cuda_cluster_args
@@ -129,7 +129,7 @@ def test_multi_gpu_estimators_construct_and_their_arguments_reach_cuml(client):
     local_pca = PCAMG(handle=None, output_type="cupy", **pca.kwargs)
     assert local_pca.n_components == 16
     local = KMeansMG(handle=None, output_type="cupy", **kmeans.kwargs)
-    assert (local.n_clusters, local.random_state, local.n_init) == (8, 7, 4)
+    assert (local.n_clusters, local.random_state, local.n_init) == (8, 7, KMEANS_N_INIT)
     local._validate_fit_params()  # what KMeansMG.fit checks first (the MG path needs a seed, among others)
 
 
