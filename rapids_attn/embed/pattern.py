@@ -3,8 +3,11 @@
 Unlike the image-only embedders, it reads all three things the pipeline keeps for a map: the
 area-resized image, the full-resolution offset profile and the scalar signature. It returns the
 network's penultimate layer (the features that are reduced and clustered) and, as extra per-map
-outputs, the predicted pattern type and that type's probability (store arrays ``pattern`` and
-``pattern_prob``; the class names and the weights' hash are store attributes)::
+outputs, the pattern label and the calibrated probability of the CNN's top type (store arrays
+``pattern`` and ``pattern_prob``; the class names and the weights' hash are store attributes).
+A map keeps the CNN's type only if its statistics satisfy that type's defining rule and the
+calibrated probability is at least ``rules.MIN_PROB``; otherwise it is ``other``
+(rapids_attn/patterns/rules.py)::
 
     emb = PatternCNNEmbedder("cpu")
     features, extras = emb.embed(images, profile, stats)   # [N, dim]; extras["pattern"] [N]
@@ -33,6 +36,7 @@ class PatternCNNEmbedder(Embedder):
     ):
         """``precision``: ``float32`` or ``float16`` (the device plan gives float16 on a GPU)."""
         from rapids_attn.patterns.cnn import WEIGHTS_DIR, WEIGHTS_FILE, load_pattern_cnn
+        from rapids_attn.patterns.rules import LABELS, MIN_PROB, RULES_VERSION
 
         super().__init__()
         self.name = "pattern-cnn"
@@ -45,7 +49,14 @@ class PatternCNNEmbedder(Embedder):
         self.model = model.to(self.dtype)
         self.meta = meta
         self.batch_size = int(batch_size)
-        self.classes = tuple(meta["classes"])
+        #: the CNN's types, then ``other`` (the labels the ``pattern`` array indexes)
+        self.classes = tuple(LABELS)
+        if tuple(meta["classes"]) != LABELS[:-1]:
+            raise JobConfigError(
+                f"embed.name: pattern-cnn weights name classes {meta['classes']}, expected {LABELS[:-1]}"
+            )
+        #: softmax temperature fitted on held-out generated maps (tools/pattern_cnn/calibrate.py)
+        self.temperature = float(meta.get("temperature", 1.0))
         self.image_size = int(meta["image_size"])
         self.dim = int(model.embed_dim)
         self.outputs = {PATTERN: "int8", PATTERN_PROB: "float16"}
@@ -54,12 +65,18 @@ class PatternCNNEmbedder(Embedder):
         self.store_attrs = {
             Attr.PATTERN_CLASSES: list(self.classes),
             Attr.PATTERN_CNN_SHA: hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
+            # how the labels were made: a change makes a different store
+            "pattern_labelling": {"temperature": self.temperature, "min_prob": MIN_PROB, "rules": RULES_VERSION},
         }
 
     @torch.inference_mode()
     def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
         """images [N, S, S], profile [N, 9], stats [N, 10] -> features [N, dim] float32, and extras
-        ``pattern`` [N] int64 (index into ``classes``) and ``pattern_prob`` [N] float32."""
+        ``pattern`` [N] int64 (index into ``classes``; ``other`` where the CNN's type contradicts the
+        stats or is not probable enough) and ``pattern_prob`` [N] float32 (the calibrated probability of
+        the CNN's top type)."""
+        from rapids_attn.patterns.rules import label
+
         n = images.shape[0]
         if profile.shape != (n, len(PROFILE_OFFSETS)) or stats.shape != (n, len(STAT_NAMES)):
             raise ValueError(
@@ -76,8 +93,10 @@ class PatternCNNEmbedder(Embedder):
             # a one-token map's undefined stats (NaN) enter the network as 0, the value it was trained around
             s = torch.nan_to_num(stats[a : a + self.batch_size], nan=0.0).to(self.device, self.dtype)
             logits, f = self.model(x.to(self.dtype), p, s, return_features=True)
-            prob = torch.softmax(logits.float(), dim=1)
-            top, idx = prob.max(dim=1)
+            # the rules read the stats as given, in float32: an undefined (NaN) stat satisfies no rule
+            raw_s = stats[a : a + self.batch_size].to(self.device, torch.float32)
+            raw_p = profile[a : a + self.batch_size].to(self.device, torch.float32)
+            idx, top = label(logits, raw_s, raw_p, self.temperature)
             feats.append(f.float())
             patterns.append(idx)
             probs.append(top)

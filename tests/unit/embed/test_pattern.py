@@ -14,6 +14,7 @@ def test_pattern_cnn_embeds_and_classifies():
     assert emb.name == "pattern-cnn" and emb.dim == 128
     assert emb.outputs == {"pattern": "int8", "pattern_prob": "float16"}
     assert emb.store_attrs["pattern_classes"][:3] == ["self", "prev", "next"]
+    assert emb.store_attrs["pattern_classes"][-1] == "other"  # the abstaining label (rapids_attn/patterns/rules.py)
     assert len(emb.store_attrs["pattern_cnn_sha256"]) == 16
     n = 5
     images = torch.rand(n, 32, 32)
