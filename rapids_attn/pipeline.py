@@ -141,7 +141,10 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite
     data = _index_data(cfg)
     for w in data.warnings:  # once, here: --check shows them too; the explain stage puts them in the report
         print(f"warning: {w}", file=sys.stderr)
-    info = describe_model(cfg.model)
+    first = data.read([0])[0] if len(data) else None  # one record: the tokenizer must know some of its words
+    info = describe_model(
+        cfg.model, sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair)))
+    )
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)
     ctx = RunContext(

@@ -101,9 +101,10 @@ def _load_config(cfg):
         ) from None
 
 
-def describe_model(cfg, check_files: bool = True) -> ModelInfo:
+def describe_model(cfg, check_files: bool = True, sample: str | None = None) -> ModelInfo:
     """Read the model's config: layer and head counts, and the input length limit. With ``check_files``
-    (preflight), also load the tokenizer (:func:`load_tokenizer` refuses one that knows no word) and read the
+    (preflight), also load the tokenizer (:func:`load_tokenizer` refuses one that knows no word, and one
+    that reads ``sample``, the dataset's first text, as nothing but unknown tokens) and read the
     weights' headers (:func:`check_weights`), so that a run refuses, before any worker starts, what
     the workers could not load."""
     source, config = _load_config(cfg)
@@ -121,7 +122,9 @@ def describe_model(cfg, check_files: bool = True) -> ModelInfo:
         )
     max_length = cfg.max_length or min(model_limit or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
     if check_files:
-        load_tokenizer(cfg)
+        tok = load_tokenizer(cfg)
+        if sample:
+            _check_vocabulary(tok, cfg, sample[:2000], "the dataset's first example")
         check_weights(cfg, source)
     return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision)
 
@@ -130,11 +133,16 @@ def _tokenizer_files_present(folder: Path) -> bool:
     return any(next(folder.glob(pattern), None) is not None for pattern in TOKENIZER_FILES)
 
 
-def _check_vocabulary(tok, cfg) -> None:
-    """The tokenizer knows some token of :data:`SAMPLE_TEXT` other than its special ones (unknown included)."""
-    ids = tok(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+def _check_vocabulary(tok, cfg, text: str = SAMPLE_TEXT, what: str | None = None) -> None:
+    """The tokenizer knows some token of ``text`` other than its special ones (unknown included)."""
+    ids = tok(text, add_special_tokens=False)["input_ids"]
     special = set(tok.all_special_ids)
-    if not any(i not in special for i in ids):
+    if ids and not any(i not in special for i in ids):
+        if what is not None:  # the tokenizer works, but not on this data
+            raise ModelError(
+                f"model.name: the tokenizer of '{cfg.name}' reads {what} ({text[:60]!r}) as nothing but unknown "
+                "tokens: its vocabulary does not cover this data's script or language; choose a model made for it"
+            )
         raise ModelError(
             f"model.name: the tokenizer of '{cfg.name}' reads every word of {SAMPLE_TEXT!r} as unknown "
             f"(a vocabulary of {len(tok)} tokens); give the model's own tokenizer files ({', '.join(TOKENIZER_FILES)})"

@@ -267,3 +267,21 @@ def test_density_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pai
         explain={"report": False, "head_views": 0},
     )
     assert main([str(_job_file(tmp_path, job)), "--stages", "extract,learn"]) == 0, capsys.readouterr().err
+
+
+def test_data_the_tokenizer_cannot_read_is_one_line_exit_2(tmp_path, capsys, tiny_bert_dir):
+    """The tiny BERT has MiniLM's (bert-base-uncased) vocabulary, which has no Cherokee or Tifinagh: a dataset
+    in those scripts tokenizes to nothing but [UNK], and every map would describe [UNK] tokens. Refused in
+    preflight, naming the first example."""
+    from helpers import write_jsonl
+
+    rows = [
+        {"id": f"q{i}", "question": "ᏣᎳᎩ ᎦᏬᏂᎯᏍᏗ", "context": "ⴰⵎⴰⵣⵉⵖ ⵜⴰⵎⴰⵣⵉⵖⵜ", "topic": "t", "answerable": True}
+        for i in range(4)
+    ]
+    data = write_jsonl(tmp_path / "zh.jsonl", rows)
+    err = _one_line_exit_2(
+        [str(_job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, data))), "--check"], capsys, "model.name:"
+    )
+    assert "the dataset's first example" in err and "nothing but unknown tokens" in err
+    assert not (tmp_path / "run").exists()
