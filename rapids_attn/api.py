@@ -8,8 +8,8 @@ silhouette and KMeans's seed stability)::
 
     from rapids_attn.api import analyse_maps, cluster_features
 
-    # pattern: [batch, head, T, T] (or [batch, layer, head, T, T]), right-padded to T
-    out = analyse_maps(pattern, lengths, sep=sep_mask, punct=punct_mask, token_ids=tokens)
+    # maps: attention weights [batch, head, T, T] (or [batch, layer, head, T, T]), right-padded to T
+    out = analyse_maps(maps, lengths, sep=sep_mask, punct=punct_mask, token_ids=tokens)
     out.stats[..., out.stat_names.index("prev")]        # [batch, (layer,) head]
     out.detectors[..., out.detector_names.index("induction_head")]
     out.pattern_names()                                  # the pattern CNN's label per map
@@ -64,7 +64,7 @@ def _mask(value, shape, name: str) -> torch.Tensor:
 
 
 def analyse_maps(
-    weights,
+    maps,
     lengths=None,
     *,
     sep=None,
@@ -78,24 +78,22 @@ def analyse_maps(
 ) -> MapAnalysis:
     """Signature, detectors, offset profile, image, features (and pattern labels) of every map.
 
-    ``weights``: [batch, head, T, T] or [batch, layer, head, T, T] (torch or NumPy), right-padded;
+    ``maps``: attention weights, [batch, head, T, T] or [batch, layer, head, T, T] (torch or NumPy), right-padded;
     ``lengths``: the real token count of each example (default T). ``embedder``: ``pattern-cnn``,
     ``pooled`` or a torchvision model name, as ``embed.name`` in a job; ``embed_settings`` are the
     job's other ``embed`` fields (``pooled_size``, ``weights``, ``input_size`` ...)."""
     from rapids_attn.embed.base import build_embedder
     from rapids_attn.job import EmbedConfig
 
-    w = torch.as_tensor(np.asarray(weights) if not isinstance(weights, torch.Tensor) else weights)
+    w = maps if isinstance(maps, torch.Tensor) else torch.as_tensor(np.asarray(maps))
     per_layer = w.dim() == 5
     if not per_layer:
         if w.dim() != 4:
-            raise ValueError(
-                f"weights: expected [batch, head, T, T] or [batch, layer, head, T, T], got {tuple(w.shape)}"
-            )
+            raise ValueError(f"maps: expected [batch, head, T, T] or [batch, layer, head, T, T], got {tuple(w.shape)}")
         w = w[:, None]
     b, n_layers, n_heads, t, t2 = w.shape
     if t != t2:
-        raise ValueError(f"weights: the last two dimensions must be equal (T x T), got {t} x {t2}")
+        raise ValueError(f"maps: the last two dimensions must be equal (T x T), got {t} x {t2}")
     lengths = [t] * b if lengths is None else [int(n) for n in lengths]
     if len(lengths) != b or not all(1 <= n <= t for n in lengths):
         raise ValueError(f"lengths: expected {b} values in 1..{t}, got {lengths}")
