@@ -201,9 +201,16 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite: 
     from rapids_attn.runlock import run_lock
 
     with run_lock(plan.ctx.run_dir):  # from here on this run writes: one run per run directory
-        from rapids_attn.rundir import mark_run_dir
+        from rapids_attn.rundir import mark_run_dir, remove_stale_outputs
 
         mark_run_dir(plan.ctx.run_dir)  # before any output: the directory is rapids_attn's from now on
+        stale = remove_stale_outputs(plan.ctx.run_dir, plan.ctx.stages)
+        if stale:
+            print(
+                f"rapids_attn: removed the earlier {', '.join(stale)} (they described the store before this run); "
+                "--stages explain writes them again",
+                file=sys.stderr,
+            )
         return _run_stages(cfg, plan)
 
 

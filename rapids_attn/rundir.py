@@ -136,3 +136,30 @@ def _empty_dir(p: Path) -> bool:
         return p.is_dir() and not p.is_symlink() and not any(os.scandir(p))
     except OSError:
         return False
+
+
+#: what the explain stage writes from the store: it describes the store as it was when explain last ran
+EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "report")
+
+
+def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
+    """Before a run that changes the store (extract or learn) without explaining it again, remove the explain
+    stage's earlier outputs from a marked run directory: they describe the store as it was, and a reader
+    would take them for this run's. Only rapids_attn's own names, only in a directory it marked. Returns
+    the names removed."""
+    import shutil
+
+    run_dir = Path(run_dir)
+    if "explain" in stages or not {"extract", "learn"} & set(stages) or read_marker(run_dir) is None:
+        return []
+    removed = []
+    for name in EXPLAIN_OUTPUTS:
+        p = run_dir / name
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p)
+        else:
+            continue
+        removed.append(name)
+    return removed

@@ -162,3 +162,30 @@ def test_every_output_of_a_full_run_is_on_the_own_list(job_path, tmp_path):
     written = {p.name for p in run.iterdir()}
     assert {"store.zarr", "job.yaml", "summary.json", "maps.parquet", "report", MARKER} <= written
     assert written <= OWN_NAMES, written - OWN_NAMES
+
+
+def test_a_rerun_that_changes_the_store_removes_the_stale_explain_outputs(capsys, job_path, tmp_path):
+    """After a full run, --stages learn (or extract) changes the store but not summary.json, maps.parquet or
+    the report: those described the store before, so they go; a user's file beside them stays."""
+    run = tmp_path / "run"
+    assert main([str(job_path)]) == 0
+    (run / "notes.txt").write_text("mine")
+    assert {"summary.json", "maps.parquet", "report"} <= {p.name for p in run.iterdir()}
+    capsys.readouterr()
+    assert main([str(job_path), "--stages", "learn"]) == 0
+    err = capsys.readouterr().err
+    assert "removed the earlier summary.json, maps.parquet, report" in err
+    assert not {"summary.json", "maps.parquet", "report"} & {p.name for p in run.iterdir()}
+    assert (run / "notes.txt").read_text() == "mine" and (run / "store.zarr").is_dir()
+    assert main([str(job_path), "--stages", "explain"]) == 0  # the fix it names
+    assert (run / "summary.json").is_file() and (run / "report" / "index.html").is_file()
+    assert main([str(job_path), "--stages", "explain"]) == 0  # explain alone changes no store: nothing removed
+    assert "removed" not in capsys.readouterr().err
+
+
+def test_stale_outputs_are_removed_only_from_a_marked_directory(tmp_path):
+    from rapids_attn.rundir import remove_stale_outputs
+
+    (tmp_path / "summary.json").write_text("{}")
+    assert remove_stale_outputs(tmp_path, ("learn",)) == []  # not marked: not ours to remove
+    assert (tmp_path / "summary.json").is_file()
