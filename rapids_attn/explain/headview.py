@@ -177,7 +177,8 @@ def write_head_views(
     out_dir.mkdir(parents=True, exist_ok=True)
     copy_vendor(out_dir)
 
-    max_length = describe_model(model_cfg).max_length
+    # the config only: preflight checked the files, and the tokenizer and model are loaded (and checked) next
+    max_length = describe_model(model_cfg, check_files=False).max_length
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, "cpu", "float32")  # a few examples: the CPU in float32, whatever the job ran on
     cache: dict[int, tuple[list[str], tuple]] = {}
