@@ -14,6 +14,8 @@ class Example:
     text_pair: the second segment of a text pair (SQuAD: the context), or None.
     group:     a grouping label used when explaining clusters (SQuAD: the article title), or "".
     label:     a class label (SQuAD: "answerable" / "impossible"), or "".
+    answers:   the gold answer texts (SQuAD: every ``answers[*].text``, for the official max over
+               references; empty for an unanswerable question), or ().
     """
 
     id: str
@@ -21,3 +23,4 @@ class Example:
     text_pair: str | None = None
     group: str = ""
     label: str = ""
+    answers: tuple[str, ...] = ()

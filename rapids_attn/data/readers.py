@@ -241,7 +241,10 @@ def read_squad(path: Path) -> list[Example]:
                 question = _squad_get(qa, "question", str, path, qwhere)
                 qid = _squad_get(qa, "id", (str, int), path, qwhere)
                 label = _squad_label(qa, path, qwhere)
-                examples.append(Example(id=str(qid), text=question, text_pair=context, group=group, label=label))
+                answers = tuple(str(a["text"]) for a in qa.get("answers") or () if isinstance(a, dict) and "text" in a)
+                examples.append(
+                    Example(id=str(qid), text=question, text_pair=context, group=group, label=label, answers=answers)
+                )
     return examples
 
 

@@ -62,9 +62,11 @@ def test_squad_fields_group_and_label(tmp_path):
     path = write_json(tmp_path / "dev.json", squad_doc())
     examples = read_examples(path, format="squad")
     assert examples == [
-        Example(id="a1", text="Who met Bob?", text_pair="Ann met Bob.", group="Alpha", label="answerable"),
+        Example(
+            id="a1", text="Who met Bob?", text_pair="Ann met Bob.", group="Alpha", label="answerable", answers=("Ann",)
+        ),
         Example(id="a2", text="Who met Cy?", text_pair="Ann met Bob.", group="Alpha", label="impossible"),
-        Example(id="a3", text="Who ran?", text_pair="Cy ran.", group="Alpha", label="answerable"),
+        Example(id="a3", text="Who ran?", text_pair="Cy ran.", group="Alpha", label="answerable", answers=("Ann",)),
         Example(id="b1", text="Who sang?", text_pair="Dee sang.", group="Beta", label="impossible"),
     ]
 
