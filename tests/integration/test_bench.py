@@ -88,3 +88,50 @@ def test_segments_deal_the_sampled_examples_out_once_each(tmp_path):
     assert got == sorted(e.id for e in sampled)  # disjoint, and together the whole sample
     by_id = {e.id: e for e in sampled}
     assert all(e == by_id[e.id] for part in parts for e in part)  # question, context, title, label kept
+
+
+def test_job_level_job_file_follows_the_protocol(tmp_path):
+    """The job the job-level benchmark launches is the quickstart changed only where issue 13's
+    protocol says: the sampled data, the default shard size, the report off."""
+    from benchmarks.job_level import QUICKSTART, write_job
+    from rapids_attn.job import load_job
+
+    data = tmp_path / "squad.json"
+    data.write_text("{}")
+    cfg = load_job(write_job(QUICKSTART, data, 500, 0, tmp_path / "run", tmp_path / "job.yaml"))
+    quick = load_job(QUICKSTART)
+    assert (cfg.data.sample, cfg.data.seed, cfg.data.format) == (500, 0, "squad")
+    assert cfg.extract.shard_size == 128 and cfg.explain.report is False
+    assert (cfg.model, cfg.embed, cfg.cluster, cfg.runtime) == (quick.model, quick.embed, quick.cluster, quick.runtime)
+
+
+def test_job_level_extrapolates_from_the_fixed_cost_and_the_per_question_rate():
+    from benchmarks.job_level import extrapolate
+
+    x = extrapolate({"wall": 30.0, "loop": 20.0, "per_question": [9.0, 11.0]}, 500)
+    assert x["fixed"] == 10.0 and x["per_question"] == 10.0
+    assert x["wall"] == 10.0 + 10.0 * 500 and x["low"] < x["wall"] < x["high"]
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+def test_job_level_benchmark_smoke(tmp_path):
+    """python -m benchmarks.job_level at tiny sizes: the job and the baseline both run, on the same
+    sampled questions, and a baseline on fewer questions is reported as extrapolated."""
+    out = tmp_path / "job_level.json"
+    cmd = ["--questions", "3", "--baseline-questions", "1", "--backbone", "resnet18", "--max-length", "32"]
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.job_level", *cmd, "--data", str(SHARED_SQUAD), "--out", str(out)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    R = json.loads(out.read_text())
+    job, base = R["job"], R["baseline"]
+    assert job["examples"] == 3 and job["maps"] == 3 * 72 and job["shards"] == 1  # shard size 128
+    assert base["examples"] == 1 and base["maps"] == 72 and len(base["per_question"]) == 1
+    assert 0 < base["loop"] < base["wall"] and job["seconds"]["extract"] < job["wall"]
+    assert R["speedup"] == pytest.approx(R["extrapolated"]["wall"] / job["wall"])
+    assert "**extrapolated** to 3 questions" in p.stdout and "### The job's phases" in p.stdout
