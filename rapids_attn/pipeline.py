@@ -23,12 +23,13 @@ import yaml
 from rapids_attn.errors import JobConfigError, StoreError
 from rapids_attn.explain.stage import ExplainStage
 from rapids_attn.extract.stage import ExtractStage
+from rapids_attn.heads.stage import HeadsStage
 from rapids_attn.job import JobConfig
 from rapids_attn.learn.stage import LearnStage
 from rapids_attn.stage import RunContext, Stage
 
 #: every stage a job can run, in the order they run
-STAGES: dict[str, type[Stage]] = {s.name: s for s in (ExtractStage, LearnStage, ExplainStage)}
+STAGES: dict[str, type[Stage]] = {s.name: s for s in (ExtractStage, LearnStage, HeadsStage, ExplainStage)}
 
 #: the message that tells a user how to produce what a stage needs, by the stage that writes it
 _HOW = {
@@ -40,10 +41,15 @@ _HOW = {
 }
 
 
-def parse_stages(text: str | None) -> tuple[str, ...]:
-    """``--stages``: None (not given) is every stage; a given value must name at least one."""
+def default_stages(cfg: JobConfig | None = None) -> tuple[str, ...]:
+    """The stages a run without --stages runs: every stage the job does not leave off (``heads.enabled``)."""
+    return tuple(name for name, st in STAGES.items() if cfg is None or st.runs_by_default(cfg))
+
+
+def parse_stages(text: str | None, cfg: JobConfig | None = None) -> tuple[str, ...]:
+    """``--stages``: None (not given) is :func:`default_stages`; a given value must name at least one."""
     if text is None:
-        return tuple(STAGES)
+        return default_stages(cfg)
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise JobConfigError(
@@ -131,12 +137,13 @@ class RunPlan:
     stages: list[Stage]
 
 
-def preflight(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite: bool = False) -> RunPlan:
+def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bool = False) -> RunPlan:
     """Resolve the run (examples, model, devices, layout) and run every check, before any worker starts."""
     from rapids_attn.devices import resolve_devices
     from rapids_attn.extract.model import describe_model
     from rapids_attn.extract.stage import plan_layout
 
+    stages = default_stages(cfg) if stages is None else stages
     t0 = time.perf_counter()
     data = _index_data(cfg)
     for w in data.warnings:  # once, here: --check shows them too; the explain stage puts them in the report
@@ -192,9 +199,10 @@ def write_resolved_job(ctx: RunContext) -> None:
     tmp.replace(ctx.run_dir / JOB_YAML)
 
 
-def run_job(cfg: JobConfig, stages: tuple[str, ...] = tuple(STAGES), overwrite: bool = False) -> dict:
+def run_job(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bool = False) -> dict:
     """Run the stages of a validated job; returns the summary (also written to summary.json when
     the explain stage ran)."""
+    stages = default_stages(cfg) if stages is None else stages
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
     plan = preflight(cfg, stages, overwrite)

@@ -62,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a job field, e.g. --set data.limit=100 (repeatable; values parsed as YAML)",
     )
     p.add_argument(
-        "--stages", default=None, help="comma-separated subset of extract,learn,explain (default: all, in that order)"
+        "--stages",
+        default=None,
+        help="comma-separated subset of extract,learn,heads,explain (default: all but heads, which runs when "
+        "the job sets heads.enabled: true), run in that order",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a store made by a different job")
     p.add_argument("--check", action="store_true", help="validate the job and its inputs, then stop")
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             from rapids_attn.pipeline import parse_stages, preflight, run_job
 
             cfg = load_job(args.job, args.overrides + stray)
-            stages = parse_stages(args.stages)
+            stages = parse_stages(args.stages, cfg)
             if args.check:
                 ctx = preflight(cfg, stages, args.overwrite).ctx
                 print(

@@ -143,14 +143,14 @@ EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "report")
 
 
 def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
-    """Before a run that changes the store (extract or learn) without explaining it again, remove the explain
+    """Before a run that changes the store (extract, learn or heads) without explaining it again, remove the explain
     stage's earlier outputs from a marked run directory: they describe the store as it was, and a reader
     would take them for this run's. Only rapids_attn's own names, only in a directory it marked. Returns
     the names removed."""
     import shutil
 
     run_dir = Path(run_dir)
-    if "explain" in stages or not {"extract", "learn"} & set(stages) or read_marker(run_dir) is None:
+    if "explain" in stages or not {"extract", "learn", "heads"} & set(stages) or read_marker(run_dir) is None:
         return []
     removed = []
     for name in EXPLAIN_OUTPUTS:

@@ -93,6 +93,11 @@ class Stage(ABC):
     def from_job(cls, cfg: JobConfig) -> Stage:
         """Build the stage from the job sections it uses, and nothing else."""
 
+    @classmethod
+    def runs_by_default(cls, cfg: JobConfig) -> bool:
+        """Whether a run without --stages runs this stage (the heads stage only when the job enables it)."""
+        return True
+
     def check(self, ctx: RunContext) -> None:
         """Preflight: raise a UserError (one line naming the field or file) before any worker starts."""
 

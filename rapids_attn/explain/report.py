@@ -50,7 +50,9 @@ from rapids_attn.explain.sections import (
 
 STAGING_PREFIX = ".report-tmp-"
 #: figure files this module writes (stale ones from an earlier report are removed on success)
-_FIGURE_RE = re.compile(r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|(occupancy|montage)_\d+)\.png$")
+_FIGURE_RE = re.compile(
+    r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|head_importance|pruning|(occupancy|montage)_\d+)\.png$"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,17 +69,20 @@ class _Figures:
     occupancy: dict[int, str] = field(default_factory=dict)  # by cluster position in Findings.clusters
     montage: dict[int, str] = field(default_factory=dict)  # likewise; empty without thumbnails
     k_sweep: str | None = None  # None when the learn stage ran no sweep
+    importance: list[str] = field(default_factory=list)  # the heads stage's heatmaps and pruning curves
 
     def names(self) -> list[str]:
         names = [*self.scatter.values(), *self.occupancy.values(), *self.montage.values(), self.grid, self.detectors]
-        return names + ([self.k_sweep] if self.k_sweep else [])
+        return names + ([self.k_sweep] if self.k_sweep else []) + self.importance
 
 
 def _coords_label(overview: RunOverview) -> str:
     return {"umap": "UMAP", "pca": "PC"}[overview.clustering.coords]
 
 
-def _make_figures(out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None) -> _Figures:
+def _make_figures(
+    out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None, heads=None
+) -> _Figures:
     """Render every figure into ``out_dir``; any failure propagates (no partial report)."""
     clusters = findings.clusters
     colors = figures.cluster_colors([c.id for c in clusters])
@@ -116,6 +121,10 @@ def _make_figures(out_dir: Path, overview: RunOverview, findings: Findings, arra
                 )
     if findings.k_sweep is not None and findings.k_sweep.k:
         figs.k_sweep = figures.k_sweep_png(out_dir, findings.k_sweep)
+    if heads is not None and heads[0] is not None and not heads[1]:
+        from rapids_attn.explain.heads import figures as heads_figures
+
+        figs.importance = heads_figures(out_dir, heads[2])
     return figs
 
 
@@ -158,7 +167,13 @@ footer{color:#777;font-size:.85em;margin-top:3em}
 
 
 def render_html(
-    overview: RunOverview, findings: Findings, figs: _Figures, headviews: dict | None, report_dir: Path, no_thumbs: bool
+    overview: RunOverview,
+    findings: Findings,
+    figs: _Figures,
+    headviews: dict | None,
+    report_dir: Path,
+    no_thumbs: bool,
+    heads=None,
 ) -> str:
     """The page. no_thumbs: the store kept no thumbnails, which the cluster sections say."""
     clusters = findings.clusters
@@ -182,6 +197,11 @@ def render_html(
     nav += [("heads", "Heads"), ("detectors", "Detectors"), ("clusters", "Clusters"), ("metadata", "Metadata")]
     if figs.k_sweep:
         nav.append(("k-sweep", "Choosing k"))
+    from rapids_attn.explain.heads import section as heads_section
+
+    importance = heads_section(heads[0], heads[1], figs.importance) if heads else ""
+    if importance:
+        nav.insert(nav.index(("clusters", "Clusters")), ("importance", "Which heads matter"))
     nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
     sections = "".join(
         _cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
@@ -201,6 +221,7 @@ def render_html(
 {_map_section(figs)}
 {_heads_section(figs)}
 {_detectors_section(findings, figs)}
+{importance}
 <section id="clusters"><h2>Clusters</h2>
 <p class="note">Sorted by size. "What sets it apart" names the statistics whose cluster mean differs most
 from the overall mean (in standard deviations, z); "where" names the layers and heads whose maps make up
@@ -225,6 +246,7 @@ def write_report(
     findings: Findings,
     arrays: FigureArrays | None,
     headviews: dict[int, list[str]] | None = None,
+    heads=None,
 ) -> Path:
     """Write ``run_dir/report/index.html`` and its figures; return the path of ``index.html``.
 
@@ -241,9 +263,9 @@ def write_report(
         shutil.rmtree(old, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=report_dir))
     try:
-        figs = _make_figures(stage, overview, findings, arrays)
+        figs = _make_figures(stage, overview, findings, arrays, heads)
         no_thumbs = arrays is not None and arrays.mean_thumbs is None
-        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs)
+        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs, heads)
         (stage / "index.html").write_text(page, encoding="utf-8")
         names = set(figs.names())
         for old in report_dir.iterdir():

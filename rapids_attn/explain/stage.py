@@ -39,8 +39,9 @@ class ExplainStage(Stage):
         S.EXAMPLE_LABEL,
     )
     provides = S.arrays_of("explain")
-    #: stages whose results the summary already carries (extract's this_run and runs, learn's clusters)
-    summarises = ("extract", "learn")
+    #: stages whose results the summary already carries (extract's this_run and runs, learn's clusters, heads joined
+    #: as head_importance)
+    summarises = ("extract", "learn", "heads")
 
     def __init__(self, explain, model, data, embed_name: str, seed: int = 0):
         self.explain_cfg = explain
@@ -75,6 +76,16 @@ class ExplainStage(Stage):
         summary["warnings"] = findings.warnings
         summary["clusters"]["k_sweep"] = found["k_sweep"]
         summary["head_detectors"] = found["detectors"]
+        from rapids_attn.explain.heads import join
+
+        joined, heads_warning = join(
+            g, findings.heads_table.dominant_cluster, findings.layers, findings.heads, [c.id for c in findings.clusters]
+        )
+        if joined is not None:
+            summary["head_importance"] = joined
+        if heads_warning:
+            findings.warnings.append(heads_warning)
+        self._heads = (joined, heads_warning, dict(g.attrs.get("heads") or {}))
         S.create_array(
             g,
             S.HEAD_DETECTORS,
@@ -126,4 +137,4 @@ class ExplainStage(Stage):
                 findings.warnings.append(msg)  # summary["warnings"] is the same list
                 print(f"warning: {msg}", file=sys.stderr)
             summary["head_views"] = head_view_sizes(ctx.run_dir / "report", views)  # pages, bytes: kept small
-        return write_report(ctx.run_dir, overview, findings, arrays, views)
+        return write_report(ctx.run_dir, overview, findings, arrays, views, heads=getattr(self, "_heads", None))

@@ -86,6 +86,46 @@ REDUCED = ArraySpec("reduced", (*MAP_DIMS, "component"), "float16", "learn", 0, 
 COORDS = ArraySpec("coords", (*MAP_DIMS, "xy"), "float32", "learn", 0, "2-D coordinates (UMAP, else the first two PCs)")
 CLUSTER = ArraySpec("cluster", MAP_DIMS, "int32", "learn", -1, "cluster label; -1 is noise (DBSCAN / HDBSCAN)")
 
+# -- written by the heads stage (issue 14; dims are the model's own layers and heads, all of them) ---
+HEADS_EXAMPLE = ArraySpec(
+    "heads_example", ("heads_example",), "int32", "heads", -1, "the store example each evaluated example is"
+)
+HEADS_SCORES = ArraySpec(
+    "heads_scores",
+    ("condition", "heads_example", "score"),
+    "float32",
+    "heads",
+    np.nan,
+    "the task metric per example under each condition (attrs: conditions, e.g. base, head:L:H; columns)",
+)
+HEAD_IMPORTANCE = ArraySpec(
+    "head_importance",
+    ("model_layer", "model_head"),
+    "float32",
+    "heads",
+    np.nan,
+    "Michel et al. importance, |dL/dgate| accumulated over batches, each layer divided by its l2 norm",
+)
+HEAD_IMPORTANCE_RAW = ArraySpec(
+    "head_importance_raw", ("model_layer", "model_head"), "float32", "heads", np.nan, "importance before normalising"
+)
+HEAD_OUTPUT = ArraySpec(
+    "head_output",
+    ("heads_example", "model_layer", "model_head", "head_dim"),
+    "float16",
+    "heads",
+    0,
+    "each head's output (before the output projection) mean-pooled over the example's tokens",
+)
+HEAD_PROBE = ArraySpec(
+    "head_probe",
+    ("probe_task", "model_layer", "model_head"),
+    "float32",
+    "heads",
+    np.nan,
+    "cross-validated linear-probe accuracy per head (attrs: tasks)",
+)
+
 # -- written by the explain stage ------------------------------------------------------------------
 HEAD_DETECTORS = ArraySpec(
     "head_detectors",
@@ -120,6 +160,12 @@ ARRAYS: dict[str, ArraySpec] = {
         REDUCED,
         COORDS,
         CLUSTER,
+        HEADS_EXAMPLE,
+        HEADS_SCORES,
+        HEAD_IMPORTANCE,
+        HEAD_IMPORTANCE_RAW,
+        HEAD_OUTPUT,
+        HEAD_PROBE,
         HEAD_DETECTORS,
     )
 }
@@ -149,6 +195,7 @@ class Attr:
     PATTERN_CNN_SHA = "pattern_cnn_sha256"  # pattern-cnn: hash of the weights that made the store
     ENCODING = "encoding"  # on thumbnails: "sqrt-uint8"
     NAMES = "names"  # on head_detectors: the detector names along head_detector
+    HEADS = "heads"  # the heads stage's result (metric, ablation effects, pruning curves, probing)
 
 
 FORMAT_VERSION = 1

@@ -1,0 +1,162 @@
+"""The heads stage's results in the explain stage: joined to the clusters, drawn, and written up.
+
+:func:`join` reads the store's ``heads`` attribute (the heads stage's result) and gives, for each cluster,
+its heads (those whose maps fall mostly in it: the explain stage's dominant cluster per head), what
+ablating them together costs (the heads stage's ``cluster:<id>`` set), their mean single-head cost and
+importance, and the probes' mean and best accuracy over them. A heads result from another clustering
+(the learn stage ran again since) is not joined; the report says to rerun ``--stages heads``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rapids_attn.explain.formatting import _e, _img, _num
+
+#: figure file names (the report's clean-up keeps only the names it wrote)
+FIGURES = ("head_importance.png", "pruning.png")
+
+
+def join(g, dominant_cluster: np.ndarray, layers, heads, cluster_ids) -> tuple[dict | None, str | None]:
+    """-> (the join, for summary.json and the report; a warning or None). ``dominant_cluster`` [l, h] is over
+    the store's kept layers and heads (``layers``, ``heads``), whose model indices the heads stage uses."""
+    from rapids_attn.heads.stage import learn_key
+    from rapids_attn.store.schema import complete_attr
+
+    attrs = g.attrs
+    info = attrs.get("heads") if attrs.get(complete_attr("heads")) else None
+    if not info:
+        return None, None
+    out = {k: info.get(k) for k in ("metric", "examples", "ablation", "headline", "higher_is_better", "base")}
+    out["base_columns"] = info.get("base_columns")
+    out["pruning"] = info.get("pruning") or {}
+    out["most_costly"] = info.get("most_costly", [])[:5]
+    out["layers"] = {k.split(":")[1]: v for k, v in info.get("sets", {}).items() if k.startswith("layer:")}
+    if info.get("learn_key") and info["learn_key"] != learn_key(attrs):
+        return out, (
+            "the heads stage's results come from an earlier clustering, so they are not joined to these clusters; "
+            "rerun with --stages heads,explain"
+        )
+    cost = np.asarray(info["cost"], np.float64) if info.get("cost") is not None else None
+    imp = np.asarray(info["importance"], np.float64) if info.get("importance") is not None else None
+    probes = (info.get("probing") or {}).get("tasks", {})
+    by_cluster = {}
+    for cid in cluster_ids:
+        members = [(int(layers[i]), int(heads[j])) for i, j in zip(*np.nonzero(dominant_cluster == cid), strict=True)]
+        entry: dict = {"heads": [list(m) for m in members]}
+        s = info.get("sets", {}).get(f"cluster:{cid}")
+        if s is not None:
+            entry["set"] = {"cost": s["cost"], "ci": s["ci"], "heads": info.get("clusters", {}).get(str(cid), [])}
+        if members and cost is not None:
+            entry["mean_cost"] = float(np.nanmean([cost[m] for m in members]))
+        if members and imp is not None:
+            entry["mean_importance"] = float(np.mean([imp[m] for m in members]))
+        if members:
+            entry["probing"] = {}
+            for task, r in probes.items():
+                acc = np.asarray(r["accuracy"], np.float64)
+                vals = [acc[m] for m in members]
+                best = members[int(np.argmax(vals))]
+                entry["probing"][task] = {
+                    "mean": float(np.mean(vals)),
+                    "best": {"layer": best[0], "head": best[1], "accuracy": float(np.max(vals))},
+                    "majority": r["majority"],
+                }
+        by_cluster[str(cid)] = entry
+    out["by_cluster"] = by_cluster
+    out["probing"] = {
+        t: {
+            "majority": r["majority"],
+            "best_head": r["best_head"],
+            "best_heads": {k: r["best_heads"].get(k) for k in ("best_heads", "reference", "k")},
+        }
+        for t, r in probes.items()
+    }
+    return out, None
+
+
+def figures(out_dir, info: dict) -> list[str]:
+    """The layer x head heatmaps (ablation cost, importance, probe accuracy per task) and the pruning curves."""
+    from rapids_attn.explain import figures as F
+
+    panels = []
+    if info.get("cost") is not None:
+        panels.append(
+            ("ablation cost (" + str(info["headline"]) + ")", np.asarray(info["cost"], np.float64), "RdBu_r", True)
+        )
+    if info.get("importance") is not None:
+        panels.append(("importance (Michel et al.)", np.asarray(info["importance"], np.float64), "viridis", False))
+    for task, r in ((info.get("probing") or {}).get("tasks") or {}).items():
+        panels.append(
+            (f"probe: {task} (majority {r['majority']:.2f})", np.asarray(r["accuracy"], np.float64), "viridis", False)
+        )
+    names = []
+    if panels:
+        n_layers, n_heads = panels[0][1].shape
+        w, h = F._grid_size(n_layers, n_heads, panels=1)
+        cols = min(3, len(panels))
+        rows = -(-len(panels) // cols)
+        fig = F._new_figure((w + 0.8) * cols, h * rows)
+        for i, (title, v, cmap, centred) in enumerate(panels):
+            ax = fig.add_subplot(rows, cols, i + 1)
+            lim = F._finite_max(np.abs(v)) or 1.0
+            kw = {"vmin": -lim, "vmax": lim} if centred else {}
+            im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, aspect="equal", interpolation="nearest", **kw)
+            F._grid_axes(ax, list(range(n_layers)), list(range(n_heads)))
+            ax.set_title(title, fontsize=9)
+            fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+        names.append(F._save(fig, out_dir, FIGURES[0]))
+    curves = info.get("pruning") or {}
+    if curves:
+        fig = F._new_figure(6.5, 3.8)
+        ax = fig.add_subplot(1, 1, 1)
+        for order, c in curves.items():
+            ax.plot(c["removed"], c["score"], marker=".", label=f"{order} (removable {c['removable']})")
+            if "min" in c:
+                ax.fill_between(c["removed"], c["min"], c["max"], alpha=0.2)
+        ax.axhline(info["base"], color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("heads removed")
+        ax.set_ylabel(str(info["headline"]))
+        ax.legend(fontsize=8)
+        names.append(F._save(fig, out_dir, FIGURES[1]))
+    return names
+
+
+def section(joined: dict | None, warning: str | None, figs: list[str]) -> str:
+    """The report's "Which heads matter" section (empty when the heads stage has not run)."""
+    if joined is None:
+        return ""
+    head = f"""
+<section id="importance"><h2>Which heads matter</h2>
+<p class="note">From the heads stage: {_e(joined["metric"])} on {_num(joined["examples"])} examples; the
+whole model scores {_e(joined["headline"])} = {_num(joined["base"])}. A head's ablation cost is the mean
+over examples of the score lost when its output is {_e(joined["ablation"])}ed before the attention output
+projection (positive: the task needs it), with a 95% t interval over the examples; importance is Michel et
+al.'s |dL/dgate|, normalised per layer; probes are 5-fold cross-validated linear probes on each head's
+output mean-pooled over the example.</p>"""
+    if warning:
+        return head + f'<p class="warn">{_e(warning)}</p></section>'
+    rows = []
+    for cid, e in joined.get("by_cluster", {}).items():
+        s = e.get("set")
+        set_txt = f"{_num(s['cost'])} [{_num(s['ci'][0])}, {_num(s['ci'][1])}]" if s else "n/a"
+        probe_txt = "; ".join(
+            f"{t} {_num(p['best']['accuracy'])} (L{p['best']['layer']}-H{p['best']['head']}, majority {_num(p['majority'])})"
+            for t, p in e.get("probing", {}).items()
+        )
+        rows.append(
+            f"<tr><td>{_e(cid)}</td><td class=n>{len(e['heads'])}</td><td class=n>{_e(set_txt)}</td>"
+            f"<td class=n>{_num(e.get('mean_cost'))}</td><td class=n>{_num(e.get('mean_importance'))}</td>"
+            f"<td>{_e(probe_txt)}</td></tr>"
+        )
+    prune = ", ".join(f"{o}: {c['removable']}" for o, c in (joined.get("pruning") or {}).items())
+    table = (
+        "<table><thead><tr><th>cluster</th><th class=n>its heads</th><th class=n>cost of ablating them together "
+        "[95% CI]</th><th class=n>mean single-head cost</th><th class=n>mean importance</th><th>best probe among "
+        f"its heads</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+    prune_txt = (
+        f"<p>Heads removable before the score drops by more than 0.01, by order: {_e(prune)}.</p>" if prune else ""
+    )
+    imgs = "".join(_img(f, "head importance and pruning") for f in figs)
+    return head + table + prune_txt + imgs + "</section>"

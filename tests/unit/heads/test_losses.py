@@ -1,0 +1,118 @@
+"""Importance losses: per-example gates give each example's own gradient (batching changes nothing), the
+gradient is the loss's derivative on the gate, and SQuAD's gold answer lands on its tokens."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+from rapids_attn.data.example import Example
+from rapids_attn.heads import losses as L
+from rapids_attn.heads import metrics as M
+from rapids_attn.heads.hooks import HeadIntervention, head_sites
+
+CONTEXT = "The printing press was invented in the fifteenth century, in Mainz, by Johannes Gutenberg."
+EXAMPLES = [
+    Example("a", "Where was the printing press invented?", CONTEXT, label="yes", answers=("Mainz",)),
+    Example("b", "Who invented it?", CONTEXT, label="no", answers=("Johannes Gutenberg",)),
+    Example("c", "Who painted the ceiling?", "The chapel ceiling is from 1512, a long time ago.", label="yes"),
+    Example("d", "When was the press invented, and where, and by whom?", CONTEXT, label="no", answers=("x",)),
+]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_bert_dir):
+    return AutoTokenizer.from_pretrained(tiny_bert_dir)
+
+
+def bert(cls, tok, **kw):
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        **kw,
+    )
+    return cls(cfg).eval().requires_grad_(False)
+
+
+def models(tok, tiny_gpt2_dir):
+    gpt_tok = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    torch.manual_seed(0)
+    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=len(gpt_tok), n_positions=128, n_embd=32, n_layer=2, n_head=2))
+    gpt_tok.pad_token = gpt_tok.eos_token
+    return {
+        "squad": (bert(BertForQuestionAnswering, tok), tok),
+        "accuracy": (
+            bert(
+                BertForSequenceClassification,
+                tok,
+                num_labels=2,
+                label2id={"yes": 0, "no": 1},
+                id2label={0: "yes", 1: "no"},
+            ),
+            tok,
+        ),
+        "lm": (gpt.eval().requires_grad_(False), gpt_tok),
+    }
+
+
+@pytest.mark.parametrize("name", ["squad", "accuracy", "lm"])
+def test_per_example_importance_does_not_depend_on_the_batch(name, tok, tiny_gpt2_dir):
+    model, t = models(tok, tiny_gpt2_dir)[name]
+    metric, sites = M.metric_for(name), head_sites(model)
+    together, n = L.importance_sums(metric, model, t, sites, EXAMPLES, "cpu", 64, batch_size=4)
+    alone = sum(L.importance_sums(metric, model, t, sites, [e], "cpu", 64, batch_size=1)[0] for e in EXAMPLES)
+    assert n == 4 and np.all(together > 0)
+    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-7)  # padding and batch-mates change nothing
+
+
+@pytest.mark.parametrize("name", ["squad", "accuracy"])
+def test_importance_is_the_gate_derivative(name, tok, tiny_gpt2_dir):
+    model, t = models(tok, tiny_gpt2_dir)[name]
+    model = model.double()
+    metric, sites = M.metric_for(name), head_sites(model)
+    ex = EXAMPLES[:1]
+    fn = {"squad": L._squad_losses, "accuracy": L._accuracy_losses}[name]
+
+    def loss_at(g):
+        with HeadIntervention(model, sites, gates=g), torch.no_grad():
+            return float(fn(metric, model, t, ex, "cpu", 64).sum())
+
+    eps = 1e-4
+    sums, _ = L.importance_sums(metric, model, t, sites, ex, "cpu", 64, batch_size=1)
+    for layer, head in [(0, 1), (1, 0)]:
+        up, down = torch.ones(2, 2, dtype=torch.float64), torch.ones(2, 2, dtype=torch.float64)
+        up[layer, head] += eps
+        down[layer, head] -= eps
+        fd = abs(loss_at(up) - loss_at(down)) / (2 * eps)
+        assert sums[layer, head] == pytest.approx(fd, rel=1e-3)
+
+
+def test_squad_gold_answer_tokens(tok):
+    metric = M.metric_for("squad")
+    encoded = metric._encode(tok, EXAMPLES, 64)
+    enc, row = encoded[0]
+    s, e = L._answer_tokens(enc, row, CONTEXT, ("Mainz",))
+    ids = enc["input_ids"][row][s : e + 1]
+    assert tok.decode(ids).strip().lower() == "mainz"
+    assert L._answer_tokens(enc, row, CONTEXT, ()) == (0, 0)  # unanswerable: [CLS]
+    assert L._answer_tokens(enc, row, CONTEXT, ("not in the context",)) == (0, 0)
+
+
+def test_retrieval_importance_is_per_batch(tok):
+    model = bert(BertModel, tok)
+    metric, sites = M.metric_for("retrieval"), head_sites(model)
+    sums, units = L.importance_sums(metric, model, tok, sites, EXAMPLES, "cpu", 64, batch_size=2)
+    assert units == 2 and sums.shape == (2, 2) and np.all(np.isfinite(sums)) and np.all(sums > 0)
