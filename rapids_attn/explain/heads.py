@@ -31,6 +31,8 @@ def join(g, dominant_cluster: np.ndarray, layers, heads, cluster_ids) -> tuple[d
     out["base_columns"] = info.get("base_columns")
     out["pruning"] = info.get("pruning") or {}
     out["most_costly"] = info.get("most_costly", [])[:5]
+    out["significant"] = info.get("significant")
+    out["importance_vs_ablation"] = info.get("importance_vs_ablation")
     out["layers"] = {k.split(":")[1]: v for k, v in info.get("sets", {}).items() if k.startswith("layer:")}
     if info.get("learn_key") and info["learn_key"] != learn_key(attrs):
         return out, (
@@ -104,6 +106,10 @@ def figures(out_dir, info: dict) -> list[str]:
             im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, aspect="equal", interpolation="nearest", **kw)
             F._grid_axes(ax, list(range(n_layers)), list(range(n_heads)))
             ax.set_title(title, fontsize=9)
+            if centred and info.get("cost_ci") is not None:  # a dot: the 95% interval excludes 0
+                ci = np.asarray(info["cost_ci"], np.float64)
+                sig_r, sig_c = np.nonzero((ci[..., 0] > 0) | (ci[..., 1] < 0))
+                ax.scatter(sig_c, sig_r, s=6, c="black", marker="o")
             fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
         names.append(F._save(fig, out_dir, FIGURES[0]))
     curves = info.get("pruning") or {}
@@ -158,5 +164,17 @@ output mean-pooled over the example.</p>"""
     prune_txt = (
         f"<p>Heads removable before the score drops by more than 0.01, by order: {_e(prune)}.</p>" if prune else ""
     )
+    sig, agree = joined.get("significant"), joined.get("importance_vs_ablation")
+    if sig:
+        prune_txt += (
+            f"<p>Heads whose removal alone costs beyond chance (95% interval above 0; dots in the heatmap): "
+            f"{_num(sig['worse'])}; whose removal helps: {_num(sig['better'])}.</p>"
+        )
+    if agree:
+        prune_txt += (
+            f"<p>Importance against ablation cost over {_num(agree['heads'])} heads: Spearman's rho "
+            f"{_num(agree['raw']['spearman'])} (raw importance), {_num(agree['normalised']['spearman'])} "
+            "(normalised per layer).</p>"
+        )
     imgs = "".join(_img(f, "head importance and pruning") for f in figs)
     return head + table + prune_txt + imgs + "</section>"

@@ -266,6 +266,10 @@ class HeadsStage(Stage):
         ablation = summarise_ablation(names, scores, headline, n_layers, n_heads, self._metric_obj.higher_is_better)
         info.update(ablation)
         info["clusters"] = {str(c): [list(m) for m in members] for c, members in clusters.items()}
+        if importance is not None and ablation.get("cost") is not None:
+            from rapids_attn.heads.summary import rank_agreement
+
+            info["importance_vs_ablation"] = rank_agreement(ablation["cost"], raw, importance)
 
         orders = self._orders(cfg, ablation, importance, n_layers, n_heads, ctx.seed)
         curves = {}

@@ -64,6 +64,26 @@ def summarise_ablation(
     return out
 
 
+def rank_agreement(cost: np.ndarray, raw: np.ndarray, normalised: np.ndarray) -> dict:
+    """How the gradient importance ranks heads against the single-head ablation cost: Spearman's rho and
+    Kendall's tau over the heads, for the raw and the per-layer normalised importance."""
+    from scipy import stats
+
+    c = np.asarray(cost, np.float64).ravel()
+    ok = np.isfinite(c)
+    out: dict = {"heads": int(ok.sum())}
+    for name, v in (("raw", raw), ("normalised", normalised)):
+        v = np.asarray(v, np.float64).ravel()[ok]
+        if ok.sum() < 2 or np.ptp(v) == 0 or np.ptp(c[ok]) == 0:  # a constant ranks nothing: undefined
+            out[name] = {"spearman": float("nan"), "kendall": float("nan")}
+            continue
+        out[name] = {
+            "spearman": float(stats.spearmanr(v, c[ok]).statistic),
+            "kendall": float(stats.kendalltau(v, c[ok]).statistic),
+        }
+    return out
+
+
 def pruning_curves(
     names: list[str], scores: dict[str, np.ndarray], headline: str, base: float, higher_is_better: bool
 ) -> dict:
@@ -120,9 +140,13 @@ def run_probes(capture: dict, meta: dict, probing, seed: int) -> dict:
             out["skipped"][task] = "the examples give fewer than two classes for it"
             continue
         y, classes = labels
-        res = probe_heads(x, y, folds=probing.folds, seed=seed)
-        acc = np.asarray(res["accuracy"])
-        best = best_heads_probe(x, y, hidden, min(probing.top_k, acc.size), acc, folds=probing.folds, seed=seed)
+        try:
+            res = probe_heads(x, y, folds=probing.folds, seed=seed)
+            acc = np.asarray(res["accuracy"])
+            best = best_heads_probe(x, y, hidden, min(probing.top_k, acc.size), acc, folds=probing.folds, seed=seed)
+        except ValueError as e:  # too few examples per class for the folds, and the like: say so, go on
+            out["skipped"][task] = str(e).splitlines()[0][:200]
+            continue
         top = np.dstack(np.unravel_index(np.argsort(-acc, axis=None)[:5], acc.shape))[0]
         out["tasks"][task] = {
             "classes": list(classes),

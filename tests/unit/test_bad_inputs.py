@@ -95,6 +95,20 @@ CASES = [
         "",
         "cluster.min_cluster_size:",
     ),
+    # the heads stage (issue 14): the tiny job's model is a bare BertModel on JSONL pairs, 2 x 2 heads
+    ("heads-squad-on-encoder", ["heads.enabled=true", "heads.metric=squad"], [], "", "heads.metric: squad needs"),
+    ("heads-lm-on-encoder", [], ["--stages", "extract,learn,heads"], "heads: {metric: lm}\n", "heads.metric: lm needs"),
+    ("heads-auto-finds-none", ["heads.enabled=true"], [], "", "heads.metric: auto"),
+    ("heads-metric-unknown", ["heads.metric=nosuch"], [], "", "heads.metric:"),
+    ("heads-examples-0", ["heads.examples=0"], [], "", "heads.examples:"),
+    ("heads-enabled-1", ["heads.enabled=1"], [], "", "heads.enabled: must be true or false"),
+    (
+        "heads-top-k-above-heads",
+        ["heads.enabled=true", "heads.metric=retrieval", "heads.probing.top_k=5"],
+        [],
+        "",
+        "heads.probing.top_k:",
+    ),
 ]
 
 

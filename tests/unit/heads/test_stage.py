@@ -104,4 +104,5 @@ def test_result_joined_to_clusters_and_reported(heads_run):
     assert "length" in hi["probing"] or "length" in g.attrs["heads"]["probing"]["skipped"]
     page = (cfg.run_dir / "report" / "index.html").read_text()
     assert "Which heads matter" in page and "head_importance.png" in page and "pruning.png" in page
+    assert "Spearman" in page and hi["importance_vs_ablation"]["heads"] == 4
     assert (cfg.run_dir / "report" / "head_importance.png").is_file()

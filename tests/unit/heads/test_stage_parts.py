@@ -76,3 +76,14 @@ def test_pruning_curves_merge_random_orders_and_count_removable_heads():
     assert out["random"]["min"] == pytest.approx([0.9, 0.7, 0.4]) and out["random"]["orders"] == 2
     assert out["random"]["removable"] == 0
     assert removable([0, 3, 6], [2.0, 2.005, 2.5], 2.0, higher_is_better=False) == 3
+
+
+def test_rank_agreement_of_importance_and_ablation():
+    from rapids_attn.heads.summary import rank_agreement
+
+    cost = np.array([[0.3, 0.1], [0.2, np.nan]])
+    same = np.array([[3.0, 1.0], [2.0, 9.0]])
+    out = rank_agreement(cost, same, -same)
+    assert out["heads"] == 3
+    assert out["raw"]["spearman"] == pytest.approx(1.0) and out["raw"]["kendall"] == pytest.approx(1.0)
+    assert out["normalised"]["spearman"] == pytest.approx(-1.0)
