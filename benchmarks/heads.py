@@ -74,6 +74,7 @@ def measure(args) -> dict:
     max_length = args.max_length or info.max_length  # the stage: heads.max_length or the model's limit
     examples = read_examples(args.data, format="squad", sample=args.questions, seed=args.seed)
     L, H = info.n_layers, info.n_heads
+    print(f"benchmarks.heads: {len(examples)} questions, {args.model}, {metric}", file=sys.stderr, flush=True)
 
     def task(kind, conditions=None):
         return HeadsTask(
@@ -239,7 +240,6 @@ def main(argv=None) -> int:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
-    print(f"benchmarks.heads: {args.questions} questions, model {args.model}", file=sys.stderr, flush=True)
     from rapids_attn.errors import UserError
 
     try:

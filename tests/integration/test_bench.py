@@ -135,3 +135,43 @@ def test_job_level_benchmark_smoke(tmp_path):
     assert 0 < base["loop"] < base["wall"] and job["seconds"]["extract"] < job["wall"]
     assert R["speedup"] == pytest.approx(R["extrapolated"]["wall"] / job["wall"])
     assert "**extrapolated** to 3 questions" in p.stdout and "### The job's phases" in p.stdout
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+def test_heads_benchmark_smoke(tmp_path, tiny_bert_dir):
+    """python -m benchmarks.heads on a tiny BERT (2 x 2 heads) and 3 sampled questions: every pass runs on
+    the same examples, the all-ones hooks change nothing, every ablation changes the partials, and each
+    ratio is its pass over the mean of the two unablated runs."""
+    out = tmp_path / "heads.json"
+    cmd = ["--questions", "3", "--model", str(tiny_bert_dir), "--threads", "1", "--data", str(SHARED_SQUAD)]
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.heads", *cmd, "--out", str(out)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    R = json.loads(out.read_text())
+    assert (R["examples"], R["layers"], R["heads"], R["metric"]) == (3, 2, 2, "retrieval")
+    assert R["check"]["hooks_identical"] and R["check"]["ablations"] == R["check"]["ablations_changed"] == 4
+    assert R["check"]["importance_finite"] and R["check"]["importance_units"] == 1  # retrieval: one batch
+    assert len(R["c_per_ablation"]) == 4
+    a = (R["a_before"]["seconds"] + R["a_after"]["seconds"]) / 2
+    for key in ("bare", "b_hooks", "c_ablations", "d_importance"):
+        assert R["ratios"][key]["mean"] == pytest.approx(R[key]["seconds"] / a)
+    assert R["c_ablations"]["seconds"] >= sum(R["c_per_ablation"])
+    assert "all 4 single-head ablations" in p.stdout and "(d) one importance pass" in p.stdout
+
+
+def test_heads_benchmark_refuses_a_missing_model_in_one_line(tmp_path, capsys, monkeypatch):
+    from benchmarks.heads import main
+
+    for var in ("OMP_WAIT_POLICY", "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM"):
+        monkeypatch.setenv(var, "")  # main sets them (as the job's CLI does); restored after the test
+    data = tmp_path / "squad.json"
+    data.write_text("{}")
+    assert main(["--questions", "3", "--model", str(tmp_path / "nope"), "--data", str(data)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.name: no such model folder")
