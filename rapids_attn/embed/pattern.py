@@ -13,6 +13,15 @@ calibrated probability is at least ``rules.MIN_PROB``; otherwise it is ``other``
     features, extras = emb.embed(images, profile, stats)   # [N, dim]; extras["pattern"] [N]
     emb.classes[int(extras["pattern"][0])]                  # e.g. "prev"
 
+**Features** (what the learn stage reduces and clusters; ``dim`` = 128 + 18 = 146): the network's
+embedding, then the map's own full-resolution description times ``SIDE_SCALE`` (32): the offset
+profile (9), the length-free stats ``SIDE_STATS`` (8 masses and shares in [0, 1]; ``entropy`` in nats
+and ``distance`` in tokens are left out, they measure the length as much as the pattern) and
+``rules.shared_columns`` (1). The network alone maps an unfamiliar map onto the nearest type it knows;
+the side copy keeps what the map's statistics say in the feature space (docs/pattern-cnn.md,
+"Features for clustering"). The scale gives that block about 3 times the variance of the embedding
+on generated maps. A one-token map's undefined (NaN) stats enter as 0.
+
 Images of another size than the network's (32) are area-resized with the pipeline's ``area_resize``.
 Runs batched under ``torch.inference_mode``; outputs are on the device of ``images``.
 """
@@ -28,6 +37,13 @@ from rapids_attn.embed.base import Embedder, Embedding
 from rapids_attn.errors import JobConfigError
 from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize
 from rapids_attn.store.schema import PATTERN, PATTERN_PROB, Attr
+
+#: The stats copied into the features (length-free: shares of a row's mass, or normalised entropy).
+SIDE_STATS = ("entropy_norm", "first", "sep", "punct", "self", "prev", "next", "max")
+#: The factor on the side copy [profile, SIDE_STATS, shared_columns] in the features.
+SIDE_SCALE = 32.0
+_SIDE_IDX = [STAT_NAMES.index(n) for n in SIDE_STATS]
+_FIRST = STAT_NAMES.index("first")
 
 
 class PatternCNNEmbedder(Embedder):
@@ -58,7 +74,8 @@ class PatternCNNEmbedder(Embedder):
         #: softmax temperature fitted on held-out generated maps (tools/pattern_cnn/calibrate.py)
         self.temperature = float(meta.get("temperature", 1.0))
         self.image_size = int(meta["image_size"])
-        self.dim = int(model.embed_dim)
+        #: the network's embedding, then the side copy (profile, SIDE_STATS, shared_columns)
+        self.dim = int(model.embed_dim) + len(PROFILE_OFFSETS) + len(SIDE_STATS) + 1
         self.outputs = {PATTERN: "int8", PATTERN_PROB: "float16"}
         weights = (Path(weights_dir) if weights_dir is not None else WEIGHTS_DIR) / WEIGHTS_FILE.name
         # the weights' hash is part of the store's layout: new weights make a different store
@@ -67,15 +84,22 @@ class PatternCNNEmbedder(Embedder):
             Attr.PATTERN_CNN_SHA: hashlib.sha256(weights.read_bytes()).hexdigest()[:16],
             # how the labels were made: a change makes a different store
             "pattern_labelling": {"temperature": self.temperature, "min_prob": MIN_PROB, "rules": RULES_VERSION},
+            # what the features are: the embedding, then the scaled side copy
+            "pattern_features": {
+                "embedding": int(model.embed_dim),
+                "side_stats": list(SIDE_STATS),
+                "scale": SIDE_SCALE,
+            },
         }
 
     @torch.inference_mode()
     def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
-        """images [N, S, S], profile [N, 9], stats [N, 10] -> features [N, dim] float32, and extras
+        """images [N, S, S], profile [N, 9], stats [N, 10] -> features [N, dim] float32 (the network's
+        embedding, then ``SIDE_SCALE`` x [profile, SIDE_STATS, shared_columns]), and extras
         ``pattern`` [N] int64 (index into ``classes``; ``other`` where the CNN's type contradicts the
         stats or is not probable enough) and ``pattern_prob`` [N] float32 (the calibrated probability of
         the CNN's top type)."""
-        from rapids_attn.patterns.rules import label
+        from rapids_attn.patterns.rules import label, shared_columns
 
         n = images.shape[0]
         if profile.shape != (n, len(PROFILE_OFFSETS)) or stats.shape != (n, len(STAT_NAMES)):
@@ -96,8 +120,10 @@ class PatternCNNEmbedder(Embedder):
             # the rules read the stats as given, in float32: an undefined (NaN) stat satisfies no rule
             raw_s = stats[a : a + self.batch_size].to(self.device, torch.float32)
             raw_p = profile[a : a + self.batch_size].to(self.device, torch.float32)
-            idx, top = label(logits, raw_s, raw_p, self.temperature)
-            feats.append(f.float())
+            idx, top = label(logits, raw_s, raw_p, self.temperature, images=x)
+            cols = shared_columns(x, raw_s[:, _FIRST])[:, None]
+            side = torch.cat([raw_p, raw_s[:, _SIDE_IDX], cols], 1).nan_to_num(nan=0.0) * SIDE_SCALE
+            feats.append(torch.cat([f.float(), side], 1))
             patterns.append(idx)
             probs.append(top)
         if not feats:

@@ -28,7 +28,7 @@ from rapids_attn.extract.maps import STAT_NAMES
 from rapids_attn.patterns.cnn import load_pattern_cnn
 from rapids_attn.patterns.rules import LABELS, OTHER, agrees, label
 from rapids_attn.store import schema as S
-from rapids_attn.store.zarr_store import read_strings
+from rapids_attn.store.zarr_store import decode_thumbnails, read_strings
 
 #: The statistic each label is judged on (``near``: the profile's sum, the mass at offsets -4..4).
 DEFINING = {
@@ -53,6 +53,11 @@ def load(run_dir: Path, with_probes: bool = False) -> dict:
     stats = np.asarray(g[S.STATS][:], dtype=np.float32)[keep].reshape(-1, len(STAT_NAMES))
     profile = np.asarray(g[S.PROFILE][:], dtype=np.float32)[keep].reshape(len(stats), -1)
     classes = [str(c) for c in g.attrs[S.Attr.PATTERN_CLASSES]]
+    # the shared-columns clause of the diffuse rules reads the maps' thumbnails (None: not checked)
+    images = None
+    if S.THUMBNAILS in g:
+        t = decode_thumbnails(g[S.THUMBNAILS][:])[keep]
+        images = t.reshape(len(stats), *t.shape[-2:])
     stored = np.asarray(g[S.PATTERN][:], dtype=np.int64)[keep].reshape(-1)
     # the stored indices in today's LABELS
     to_labels = np.asarray([LABELS.index(c) for c in classes], dtype=np.int64)
@@ -61,6 +66,7 @@ def load(run_dir: Path, with_probes: bool = False) -> dict:
         "keep": keep,
         "stats": stats,
         "profile": profile,
+        "images": images,
         "classes": classes,
         "pattern": to_labels[stored],
     }
@@ -71,15 +77,23 @@ def relabel(d: dict) -> np.ndarray:
     g = d["group"]
     model, meta = load_pattern_cnn("cpu")
     feats = torch.from_numpy(np.asarray(g[S.FEATURES][:], dtype=np.float32)[d["keep"]].reshape(len(d["stats"]), -1))
-    logits = model.classifier(feats)
+    logits = model.classifier(feats[:, : model.embed_dim])  # the CNN's embedding leads the features
     pattern, _ = label(
-        logits, torch.from_numpy(d["stats"]), torch.from_numpy(d["profile"]), float(meta.get("temperature", 1.0))
+        logits,
+        torch.from_numpy(d["stats"]),
+        torch.from_numpy(d["profile"]),
+        float(meta.get("temperature", 1.0)),
+        images=_tensor(d["images"]),
     )
     return pattern.numpy()
 
 
-def table(pattern: np.ndarray, stats: np.ndarray, profile: np.ndarray) -> tuple[str, float, int]:
-    ok = agrees(torch.from_numpy(pattern), torch.from_numpy(stats), torch.from_numpy(profile)).numpy()
+def _tensor(x: np.ndarray | None) -> torch.Tensor | None:
+    return None if x is None else torch.from_numpy(x)
+
+
+def table(pattern: np.ndarray, stats: np.ndarray, profile: np.ndarray, images=None) -> tuple[str, float, int]:
+    ok = agrees(torch.from_numpy(pattern), torch.from_numpy(stats), torch.from_numpy(profile), _tensor(images)).numpy()
     col = {name: stats[:, i] for i, name in enumerate(STAT_NAMES)} | {"near": profile.sum(1)}
     lines = [
         "| label | maps | share | agree with rule | defining stat | its median (label) | its median (all maps) |",
@@ -114,7 +128,7 @@ def main(argv=None) -> int:
     if args.relabel or OTHER not in d["classes"]:
         runs.append(("relabelled from the stored features with today's rule", relabel(d)))
     for title, pattern in runs:
-        text, rate, named = table(pattern, d["stats"], d["profile"])
+        text, rate, named = table(pattern, d["stats"], d["profile"], d["images"])
         print(f"## {title}: {args.run_dir}, {n} maps\n\n{text}\n")
         print(
             f"named labels: {named} of {n} ({named / max(n, 1):.1%}); agreeing with their defining rule: {rate:.2%}\n"

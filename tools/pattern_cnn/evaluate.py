@@ -6,8 +6,9 @@
 (a) the shipped network's accuracy and confusion matrix (rows true, columns predicted) on the
     held-out stream recorded in its json (regenerated here), also by length and by causality;
 (b) planted types: ``--n-planted`` generated maps of known type (stream ``--planted-seed``, used
-    neither for training nor for the held-out set), embedded by ``pooled`` (16 x 16), ``resnet18``
-    with random weights, ``pattern-cnn`` (its penultimate layer) and ``pooled`` + profile + stats,
+    neither for training nor for the held-out set), put through ``rapids_attn.api.analyse_maps``
+    (the job's reductions and embedder) and embedded by ``pooled`` (16 x 16), ``resnet18`` with
+    random weights, ``pattern-cnn`` (the API's features) and ``pooled`` + profile + stats,
     then written into a store and reduced and clustered by the pipeline's own learn stage
     (``rapids_attn.learn.fit_store``: PCA 32, KMeans with k = number of types, no k sweep, seed 0);
     adjusted Rand index of each clustering against the true types;
@@ -136,14 +137,30 @@ def _over_max(q: torch.Tensor) -> torch.Tensor:
 
 
 def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]:
+    """Maps ``0 .. n-1`` of stream ``seed`` through the documented API for maps a user already has
+    (``rapids_attn.api.analyse_maps``: the job's reductions and embedder); the baselines embed the
+    API's own images, profile and stats. With ``weights_dir``, the pattern-cnn row embeds the API's
+    images, profile and stats with those weights instead of the shipped ones."""
     from sklearn.metrics import adjusted_rand_score
 
     from rapids_attn.embed.backbone import BackboneEmbedder
     from rapids_attn.embed.base import PooledEmbedder
-    from rapids_attn.embed.pattern import PatternCNNEmbedder
+    from rapids_attn.embed.pattern import SIDE_STATS, PatternCNNEmbedder
+    from rapids_attn.extract.maps import PROFILE_OFFSETS
+    from rapids_attn.patterns.generator import generate
+    from tools.pattern_cnn.evaluate_independent import analyse
 
-    images, profile, stats, labels = parallel_features(seed, n, 32, workers)
-    truth = labels.numpy()
+    samples = generate(seed, n)
+    truth = np.asarray([s.label for s in samples])
+    r = analyse(samples)  # rapids_attn.api.analyse_maps, in chunks of similar length
+    del samples
+    images, profile, stats = (torch.from_numpy(r[k]) for k in ("images", "profile", "stats"))
+
+    def pattern_cnn() -> torch.Tensor:
+        if weights_dir is None:
+            return torch.from_numpy(r["features"])
+        return PatternCNNEmbedder(weights_dir=weights_dir).embed(images, profile, stats).features
+
     rows = []
     embedders = [
         ("pooled", "PooledEmbedder(32, 16) on the image", lambda: PooledEmbedder(32, 16)(images)),
@@ -154,8 +171,13 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
         ),
         (
             "pattern-cnn",
-            "PatternCNNEmbedder() penultimate layer; image + profile + stats",
-            lambda: PatternCNNEmbedder(weights_dir=weights_dir).embed(images, profile, stats).features,
+            "`analyse_maps` features: the CNN's embedding, then 32 x [profile, 8 stats, shared columns]",
+            pattern_cnn,
+        ),
+        (
+            "pattern-cnn, embedding only",
+            "the CNN's penultimate layer alone (the features before rules v2)",
+            lambda: pattern_cnn()[:, : -(len(PROFILE_OFFSETS) + len(SIDE_STATS) + 1)],
         ),
         (
             "pooled + profile + stats",
@@ -186,7 +208,7 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
         feats = fn().float().numpy()
         t_embed = time.perf_counter() - t0
         with tempfile.TemporaryDirectory() as tmp:
-            pred, info = cluster_with_pipeline(feats, k, Path(tmp), stats.numpy(), profile.numpy())
+            pred, info = cluster_with_pipeline(feats, k, Path(tmp), r["stats"], r["profile"])
         ari = float(adjusted_rand_score(truth, pred))
         rows.append(
             {

@@ -38,8 +38,10 @@ CHUNK = 48
 
 
 def analyse(maps: list[IndependentMap]) -> dict[str, np.ndarray]:
-    """Run ``analyse_maps`` (pattern-cnn) on the maps, grouped by causality and padded in chunks of
-    similar length. Returns, in the order of ``maps``: features, stats, profile, images, names."""
+    """Run ``analyse_maps`` (pattern-cnn) on the maps (anything with ``attn``, ``n``, ``sep``, ``punct``
+    and ``causal``: this generator's maps or the training generator's ``MapSample``), grouped by
+    causality and padded in chunks of similar length. Returns, in the order of ``maps``: features,
+    stats, profile, images, names."""
     out: dict[str, list] = {}
     order = sorted(range(len(maps)), key=lambda k: (maps[k].causal, maps[k].n))
     rows: list[int] = []

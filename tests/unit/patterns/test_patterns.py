@@ -208,7 +208,8 @@ def test_pattern_embedder_shapes(shipped):
     from rapids_attn.embed.pattern import PatternCNNEmbedder
 
     emb = PatternCNNEmbedder("cpu", batch_size=4)
-    assert emb.name == "pattern-cnn" and emb.classes == (*PATTERN_TYPES, "other") and 64 <= emb.dim <= 128
+    e = emb.model.embed_dim  # the features: the CNN's embedding, then the side copy (18 columns)
+    assert emb.name == "pattern-cnn" and emb.classes == (*PATTERN_TYPES, "other") and emb.dim == e + 18
     samples = generate(7, 10)
     images, profile, stats, _labels = featurize(samples)
     feats, pattern, prob = classify(emb, images, profile, stats)
@@ -216,11 +217,12 @@ def test_pattern_embedder_shapes(shipped):
     assert pattern.shape == (10,) and pattern.dtype == torch.int64
     assert prob.shape == (10,) and prob.dtype == torch.float32
     assert ((prob > 1 / len(PATTERN_TYPES)) & (prob <= 1)).all()
-    # batching does not change anything; the features are the model's penultimate layer
+    # batching does not change anything; the features start with the model's penultimate layer
     model, _ = shipped
     with torch.inference_mode():
         logits, f = model(images, profile, stats, return_features=True)
-    torch.testing.assert_close(feats, f, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(feats[:, :e], f, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(feats[:, e : e + 9], 32 * profile)
     named = pattern != len(PATTERN_TYPES)  # the rest are "other" (tests/unit/patterns/test_rules.py)
     assert torch.equal(pattern[named], logits.argmax(1)[named])
     # other image sizes are area-resized first: a 64 x 64 image of the same map gives the same result
@@ -277,7 +279,7 @@ def test_training_is_deterministic(tmp_path):
     ).read_bytes()
     model, meta2 = load_pattern_cnn("cpu", tmp_path / "a")
     assert meta2["training"]["seed"] == 3 and meta2["heldout"]["seed"] == 1003
-    assert PatternCNNEmbedder(weights_dir=tmp_path / "a").dim == model.embed_dim
+    assert PatternCNNEmbedder(weights_dir=tmp_path / "a").dim == model.embed_dim + 18
 
 
 def test_planted_clusters_through_the_learn_stage(tmp_path):

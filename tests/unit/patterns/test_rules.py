@@ -5,9 +5,18 @@ import json
 import pytest
 import torch
 
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES
+from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize, map_stats, offset_profile
 from rapids_attn.patterns.generator import PATTERN_TYPES, featurize, sample_map
-from rapids_attn.patterns.rules import LABELS, OTHER, OTHER_INDEX, agrees, label, rule_table
+from rapids_attn.patterns.rules import (
+    LABELS,
+    OTHER,
+    OTHER_INDEX,
+    SHARED_COLUMNS_MAX,
+    agrees,
+    label,
+    rule_table,
+    shared_columns,
+)
 
 S = {n: i for i, n in enumerate(STAT_NAMES)}
 T = {t: i for i, t in enumerate(PATTERN_TYPES)}
@@ -24,8 +33,8 @@ def test_each_rule_accepts_its_pure_generated_type(t, causal):
         pytest.skip("a causal map has no next type")
     # the diffuse types at a realistic length: an 8-token block or causal row 1 is one-position by construction
     n = 128 if t in ("block", "broad", "hetero") else None
-    _, profile, stats, _ = _pure(t, causal, n)
-    assert rule_table(stats, profile)[:, T[t]].all()
+    images, profile, stats, _ = _pure(t, causal, n)
+    assert rule_table(stats, profile, images)[:, T[t]].all()
 
 
 def _stats(**values) -> torch.Tensor:
@@ -106,4 +115,53 @@ def test_the_embedder_applies_the_shipped_temperature_and_records_other():
     named = extras["pattern"] != OTHER_INDEX
     assert named.any()
     assert torch.equal(extras["pattern"][named], logits.argmax(1)[named])
-    assert agrees(extras["pattern"], stats, profile).all()
+    assert agrees(extras["pattern"], stats, profile, images).all()
+
+
+def _described(a: torch.Tensor, causal: bool = False):
+    """One [n, n] map (no separators or punctuation) -> images [1, 32, 32], profile [1, 9], stats [1, 10]."""
+    n = a.shape[0]
+    none = torch.zeros(n, dtype=torch.bool)
+    return area_resize(a[None], 32), offset_profile(a[None]), map_stats(a[None], none, none, causal)
+
+
+def _rows(n: int, keys_of_row, w: float = 0.8) -> torch.Tensor:
+    """Each row puts ``w`` on its keys (shared equally) and the rest uniformly on every key."""
+    a = torch.full((n, n), (1 - w) / n)
+    for i in range(n):
+        keys = keys_of_row(i)
+        a[i, keys] += w / len(keys)
+    return a
+
+
+@pytest.mark.parametrize("offset", [-2, 2, -3, 4])
+def test_band_needs_spread_mass_a_single_other_offset_is_not_band(offset):
+    n = 100
+    one = _rows(n, lambda i: [min(max(i + offset, 0), n - 1)])
+    _, profile, stats = _described(one)
+    assert float(profile.sum()) > 0.5  # near the diagonal, but at one offset
+    assert not rule_table(stats, profile)[0, T["band"]]
+    spread = _rows(n, lambda i: [j for j in range(i - 3, i + 4) if 0 <= j < n])
+    _, profile, stats = _described(spread)
+    assert rule_table(stats, profile)[0, T["band"]]
+
+
+def test_a_few_shared_columns_are_not_hetero_broad_or_block_per_row_keys_are():
+    n, g = 120, torch.Generator().manual_seed(0)
+    shared = _rows(n, lambda i: [17, 53, 90])  # every row reads the same three keys (no role tokens)
+    per_row = _rows(n, lambda i: torch.randperm(n, generator=g)[:3].tolist())  # each row its own three
+    diffuse = ("broad", "block", "hetero")
+    img, profile, stats = _described(shared)
+    assert float(shared_columns(img, stats[:, S["first"]])[0]) > SHARED_COLUMNS_MAX
+    table = rule_table(stats, profile, img)
+    assert not any(bool(table[0, T[t]]) for t in diffuse)
+    assert rule_table(stats, profile)[0, T["hetero"]]  # without the image the clause is not checked
+    img, profile, stats = _described(per_row)
+    assert float(shared_columns(img, stats[:, S["first"]])[0]) < 0.25
+    assert rule_table(stats, profile, img)[0, T["hetero"]]
+    # a confident hetero on the shared-column map is other; the first token's column does not count
+    img, profile, stats = _described(shared)
+    assert int(label(_confident("hetero"), stats, profile, images=img)[0][0]) == OTHER_INDEX
+    sink = _rows(n, lambda i: [0], w=0.25) + _rows(n, lambda i: torch.randperm(n, generator=g)[:3].tolist())
+    img, _, stats = _described(sink / 2)
+    assert float(stats[0, S["first"]]) > 0.1 and float(shared_columns(img, stats[:, S["first"]])[0]) < 0.25
