@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import CORPUS, bpe_tokenizer, write_jsonl
+from helpers import CORPUS, bpe_tokenizer, tiny_bert_config, write_jsonl
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -38,22 +38,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from transformers import AutoTokenizer, BertModel
 
     from rapids_attn.extract.model import resolve_model_name
 
     out = tmp_path_factory.mktemp("tiny-bert")
     tok = AutoTokenizer.from_pretrained(resolve_model_name("minilm-l6"))
     torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(cfg).save_pretrained(out)
+    BertModel(tiny_bert_config(tok.vocab_size)).save_pretrained(out)
     tok.model_max_length = 128
     tok.save_pretrained(out)
     return out

@@ -43,6 +43,21 @@ def bpe_tokenizer():
     )
 
 
+def tiny_bert_config(vocab_size: int, **kw):
+    """The tests' tiny BERT: 2 layers x 2 heads, hidden 32, 128 positions (``kw``: num_labels and the like)."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        **kw,
+    )
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     import json
 

@@ -4,9 +4,9 @@ gradient is the loss's derivative on the gate, and SQuAD's gold answer lands on 
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_bert_config
 from transformers import (
     AutoTokenizer,
-    BertConfig,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertModel,
@@ -35,16 +35,7 @@ def tok(tiny_bert_dir):
 
 def bert(cls, tok, **kw):
     torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        **kw,
-    )
-    return cls(cfg).eval().requires_grad_(False)
+    return cls(tiny_bert_config(tok.vocab_size, **kw)).eval().requires_grad_(False)
 
 
 def models(tok, tiny_gpt2_dir):

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_bert_config
 from transformers import (
     AutoTokenizer,
     BertConfig,
@@ -29,15 +30,7 @@ CONTEXT = "The printing press was invented in the fifteenth century, in Mainz, b
 
 
 def bert_config(tok, **kw):
-    return BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        **kw,
-    )
+    return tiny_bert_config(tok.vocab_size, **kw)
 
 
 @pytest.fixture(scope="module")
