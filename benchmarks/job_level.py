@@ -270,6 +270,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write every raw number here (JSON)")
     ap.add_argument("--baseline-process", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    # As the CLI does for the job (rapids_attn/run.py), before torch loads, and inherited by the baseline's
+    # process: OpenMP threads that spin while waiting make a batch-1 loop on a busy host many times slower.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.baseline_process:
         print("RESULT " + json.dumps(baseline_process(json.loads(args.baseline_process))), flush=True)
         return 0
