@@ -164,7 +164,8 @@ class ExtractConfig(Section):
 
 
 class EmbedConfig(Section):
-    #: ``pattern-cnn`` (the attention-pattern CNN shipped with the package: 128-d features and a
+    #: ``pattern-cnn`` (the attention-pattern CNN shipped with the package: 146-d features, its
+    #: 128-d embedding and a scaled copy of the profile and stats, and a
     #: pattern type per map), ``pooled`` (the area-pooled map, flattened: the baseline), or a
     #: torchvision classification model name such as ``resnet18`` / ``resnet50`` (penultimate layer).
     name: str = "pattern-cnn"

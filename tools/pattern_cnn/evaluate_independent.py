@@ -14,7 +14,8 @@ Every map goes through the documented API for maps a user already has
    families named as the type are false positives);
 2. per unseen family: the share labelled ``other`` and what the named ones were called;
 3. ARI of KMeans clusters against the true family, for k = 10 on the known families and k = 14 on
-   all, for the ``pattern-cnn`` features, the ``pooled`` baseline and ``resnet18`` with random weights.
+   all, for the ``pattern-cnn`` features, the CNN's embedding alone (without the side copy of the
+   profile and stats), the ``pooled`` baseline and ``resnet18`` with random weights.
 """
 
 from __future__ import annotations
@@ -27,14 +28,19 @@ import numpy as np
 import torch
 
 from rapids_attn.api import analyse_maps, cluster_features
+from rapids_attn.embed.pattern import SIDE_STATS
+from rapids_attn.extract.maps import PROFILE_OFFSETS
 from tools.pattern_cnn.independent import FAMILIES, KNOWN, UNSEEN, IndependentMap, generate
 
 EMBEDDERS = {
     "pattern-cnn": {},
+    "pattern-cnn, embedding only": {},  # the CNN's 128-d embedding without the side copy
     "pooled": {"pooled_size": 16},
     "resnet18 (random weights)": {"weights": "random", "input_size": 64},
 }
 CHUNK = 48
+#: the side copy at the end of pattern-cnn's features (profile, SIDE_STATS, shared columns)
+SIDE_WIDTH = len(PROFILE_OFFSETS) + len(SIDE_STATS) + 1
 
 
 def analyse(maps: list[IndependentMap]) -> dict[str, np.ndarray]:
@@ -130,7 +136,10 @@ def evaluate_seed(seed: int, per_family: int, embedders: dict) -> tuple[str, dic
     text = label_tables(truth, r["names"])
     aris = {}
     for name, settings in embedders.items():
-        feats = r["features"] if name == "pattern-cnn" else embed_images(r, name, settings)
+        if name.startswith("pattern-cnn"):
+            feats = r["features"] if name == "pattern-cnn" else r["features"][:, :-SIDE_WIDTH]
+        else:
+            feats = embed_images(r, name, settings)
         aris[name] = (ari(feats[known], truth[known], len(KNOWN)), ari(feats, truth, len(FAMILIES)))
     lines = [
         (
