@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rapids_attn.devices import ExtractDevices
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
 
@@ -78,7 +80,15 @@ def measure(args) -> dict:
 
     def task(kind, conditions=None):
         return HeadsTask(
-            mcfg, metric, kind, "cpu", args.threads, max_length, args.batch_size, tuple(examples), conditions
+            mcfg,
+            metric,
+            kind,
+            ExtractDevices("cpu"),
+            args.threads,
+            max_length,
+            args.batch_size,
+            tuple(examples),
+            conditions,
         )
 
     t_load, w = _timed(lambda: HeadsWorker(task("score")))

@@ -17,14 +17,25 @@ from rapids_attn.explain.formatting import _e, _img, _num
 FIGURES = ("head_importance.png", "pruning.png")
 
 
-def join(g, dominant_cluster: np.ndarray, layers, heads, cluster_ids) -> tuple[dict | None, str | None]:
-    """-> (the join, for summary.json and the report; a warning or None). ``dominant_cluster`` [l, h] is over
-    the store's kept layers and heads (``layers``, ``heads``), whose model indices the heads stage uses."""
-    from rapids_attn.heads.stage import learn_key
+def stored_result(g) -> dict | None:
+    """The heads stage's result, its summaries recomputed from the stored per-example scores
+    (:func:`rapids_attn.heads.summary.resummarise`); None when the stage has not completed."""
+    from rapids_attn.heads.summary import resummarise
     from rapids_attn.store.schema import complete_attr
 
+    info = g.attrs.get("heads") if g.attrs.get(complete_attr("heads")) else None
+    return resummarise(g, dict(info)) if info else None
+
+
+def join(
+    g, info: dict | None, dominant_cluster: np.ndarray, layers, heads, cluster_ids
+) -> tuple[dict | None, str | None]:
+    """-> (the join, for summary.json and the report; a warning or None). ``info``: :func:`stored_result`.
+    ``dominant_cluster`` [l, h] is over the store's kept layers and heads (``layers``, ``heads``), whose
+    model indices the heads stage uses."""
+    from rapids_attn.heads.stage import learn_key
+
     attrs = g.attrs
-    info = attrs.get("heads") if attrs.get(complete_attr("heads")) else None
     if not info:
         return None, None
     out = {k: info.get(k) for k in ("metric", "examples", "ablation", "headline", "higher_is_better", "base")}

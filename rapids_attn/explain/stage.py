@@ -76,16 +76,22 @@ class ExplainStage(Stage):
         summary["warnings"] = findings.warnings
         summary["clusters"]["k_sweep"] = found["k_sweep"]
         summary["head_detectors"] = found["detectors"]
-        from rapids_attn.explain.heads import join
+        from rapids_attn.explain.heads import join, stored_result
 
+        heads_info = stored_result(g)
         joined, heads_warning = join(
-            g, findings.heads_table.dominant_cluster, findings.layers, findings.heads, [c.id for c in findings.clusters]
+            g,
+            heads_info,
+            findings.heads_table.dominant_cluster,
+            findings.layers,
+            findings.heads,
+            [c.id for c in findings.clusters],
         )
         if joined is not None:
             summary["head_importance"] = joined
         if heads_warning:
             findings.warnings.append(heads_warning)
-        self._heads = (joined, heads_warning, dict(g.attrs.get("heads") or {}))
+        self._heads = (joined, heads_warning, heads_info or {})
         S.create_array(
             g,
             S.HEAD_DETECTORS,

@@ -151,7 +151,7 @@ class HeadsStage(Stage):
             self.model_cfg,
             self._metric,
             kind,
-            ctx.devices.extract.device,
+            ctx.devices.extract,
             self.runtime_cfg.threads_per_worker,
             self._max_length,
             self.cfg.batch_size,

@@ -45,7 +45,8 @@ def summarise_ablation(
             layer, head = (int(v) for v in rest.split(":"))
             effect[layer, head], ci[layer, head] = m, (lo, hi)
         else:
-            sets[name] = {"effect": m, "ci": [lo, hi], "cost": sign * m, "score": float(np.nanmean(y[i]))}
+            cost_ci = sorted((sign * lo, sign * hi))  # the cost's interval, as for single heads
+            sets[name] = {"effect": m, "cost": sign * m, "ci": cost_ci, "score": float(np.nanmean(y[i]))}
     if np.isfinite(effect).any():
         cost = sign * effect
         out["effect"], out["effect_ci"], out["cost"] = effect, ci, cost
@@ -61,6 +62,40 @@ def summarise_ablation(
         # heads whose removal alone changes the score beyond chance (the cost's interval excludes 0)
         out["significant"] = {"worse": int(np.sum(lo > 0)), "better": int(np.sum(hi < 0))}
     out["sets"] = sets
+    return out
+
+
+def resummarise(g, info: dict) -> dict:
+    """The stage's result with its ablation summary, pruning curves (the headline's and every column's) and
+    importance-against-ablation agreement recomputed from the store's per-example scores (``heads_scores``)
+    and importance arrays by this version's code. The explain stage reads the result this way, so what the
+    report says always follows from the stored per-example numbers; ``info`` supplies the metric's direction,
+    the sets' members and the probing results, which are kept as they are."""
+    arr = g["heads_scores"]
+    names, cols = list(arr.attrs["conditions"]), list(arr.attrs["columns"])
+    data = np.asarray(arr[:], np.float64)
+    scores = {c: data[..., j] for j, c in enumerate(cols)}
+    model = dict(g.attrs.get("model") or {})
+    n_layers, n_heads = int(model["n_layers"]), int(model["n_heads"])
+    hib, headline = bool(info["higher_is_better"]), info["headline"]
+    main = [i for i, n in enumerate(names) if not n.startswith("prune:")]
+    out = dict(info)
+    out.update(
+        summarise_ablation(
+            [names[i] for i in main], {c: v[main] for c, v in scores.items()}, headline, n_layers, n_heads, hib
+        )
+    )
+    pr = [i for i, n in enumerate(names) if n.startswith("prune:")]
+    if pr:
+        pr_names, pr_scores = [names[i] for i in pr], {c: v[pr] for c, v in scores.items()}
+        out["pruning"] = pruning_curves(pr_names, pr_scores, headline, out["base"], hib)
+        out["pruning_columns"] = {
+            c: pruning_curves(pr_names, pr_scores, c, out["base_columns"][c], hib) for c in pr_scores
+        }
+    if "head_importance" in g and out.get("cost") is not None:
+        out["importance_vs_ablation"] = rank_agreement(
+            out["cost"], g["head_importance_raw"][:], g["head_importance"][:]
+        )
     return out
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rapids_attn.data.example import Example
+from rapids_attn.devices import ExtractDevices
 from rapids_attn.job import ModelConfig
 
 
@@ -33,7 +34,7 @@ class HeadsTask:
     model: ModelConfig
     metric: str
     kind: str  # "score" | "means" | "importance" | "capture"
-    device: str  # the extract device plan's device: "cpu", "cuda" or "auto"
+    device: ExtractDevices  # the device plan's extract part (the model runs where extraction does)
     threads: int
     max_length: int
     batch_size: int
@@ -63,13 +64,11 @@ class HeadsWorker:
     """The metric's model and tokenizer on this worker's device."""
 
     def __init__(self, task: HeadsTask):
-        from rapids_attn.devices import cuda_device_count
         from rapids_attn.extract.model import load_tokenizer, resolve_model_name
         from rapids_attn.heads.hooks import head_sites
         from rapids_attn.heads.metrics import metric_for
 
-        gpu = task.device != "cpu" and cuda_device_count() > 0
-        self.device = f"cuda:{torch.cuda.current_device()}" if gpu else "cpu"
+        self.device = task.device.on_this_worker().device  # the device plan's: cpu or cuda:N
         self.metric = metric_for(task.metric)
         self.tokenizer = load_tokenizer(task.model)
         self.model = self.metric.load_model(

@@ -106,3 +106,17 @@ def test_result_joined_to_clusters_and_reported(heads_run):
     assert "Which heads matter" in page and "head_importance.png" in page and "pruning.png" in page
     assert "Spearman" in page and hi["importance_vs_ablation"]["heads"] == 4
     assert (cfg.run_dir / "report" / "head_importance.png").is_file()
+
+
+def test_summaries_follow_from_the_stored_per_example_scores(heads_run):
+    from rapids_attn.heads.summary import resummarise
+
+    cfg, _ = heads_run
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    info = dict(g.attrs["heads"])
+    broken = {**info, "cost": [[9.0, 9.0], [9.0, 9.0]], "pruning": {}}  # what explain reads is recomputed
+    again = resummarise(g, broken)
+    np.testing.assert_allclose(np.asarray(again["cost"], float), np.asarray(info["cost"], float), atol=1e-6)
+    assert again["pruning"]["importance"]["score"] == pytest.approx(info["pruning"]["importance"]["score"])
+    assert set(again["pruning_columns"]) == {"recall@1", "rr"}
+    assert again["importance_vs_ablation"]["heads"] == 4

@@ -61,6 +61,7 @@ def test_summarise_ablation_pairs_examples_and_signs_cost():
     assert out["most_costly"][0] == {"layer": 0, "head": 0, "cost": pytest.approx(0.2), "ci": pytest.approx([0.2, 0.2])}
     assert out["significant"] == {"worse": 2, "better": 1}  # (0,0) and (1,1) hurt, (1,0) helps; (0,1) is 0
     assert out["sets"]["layer:0"]["cost"] == pytest.approx(0.3)
+    assert out["sets"]["layer:0"]["ci"] == pytest.approx([0.3, 0.3])  # the cost's interval, not the effect's
     loss = summarise_ablation(names, {"loss": y}, "loss", 2, 2, higher_is_better=False)
     assert np.asarray(loss["cost"])[0, 0] == pytest.approx(-0.2)  # a lower loss is no cost
 
