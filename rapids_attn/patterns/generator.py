@@ -28,6 +28,21 @@ always in the first 35% of the tokens (a causal row cannot see a separator after
 positions are 8-15% of the others. Segments (for ``block``) are the question and the context,
 split further at a few punctuation positions ("sentences").
 
+Version 2 (``GENERATOR_VERSION``) adds variations that attention computed as a softmax of scores
+shows and version 1 did not, each drawn from a stream of its own (``[seed, index, 1]``), so every
+other draw is as before:
+
+- causal rows that see none of a component's keys spread over the keys they see, instead of falling
+  back to the first token, in half the maps (``SPREAD_SHARE``);
+- ``block`` maps cut into sentence-sized blocks at many punctuation positions (``SENTENCE_BLOCK_SHARE``);
+- a per-key salience exp(N(0, tau)), tau up to 0.6, shared by all rows (half the maps);
+- the map taken back to scores, ``log(A + c / visible keys)``, given Gaussian noise (sigma up to
+  0.8) and put through the softmax again (half the maps): multiplicative noise everywhere, and a
+  background of up to c / (1 + c) = 23% of each row, kept only where the dominant component still
+  wins by ``MARGIN`` counting it as broad mass.
+
+``pure`` maps get the first two (they are token-role and component choices), not the last two.
+
 Each sample is generated from ``numpy.random.default_rng([seed, index])``: the same (seed, index)
 gives the same map, so ``generate(seed, 1000)`` is the first 1000 maps of ``generate(seed, 5000)``.
 """
@@ -61,6 +76,15 @@ N_MIN, N_MAX = 8, 512
 CAUSAL_SHARE = 0.3
 MARGIN = 0.15  # dominant weight minus the largest other weight (noise counts as broad), at least
 NOISE_MAX = 0.25
+#: version 2 adds the variations below (docs/pattern-cnn.md, "Generator version 2")
+GENERATOR_VERSION = 2
+SPREAD_SHARE = 0.5  # causal rows that see no target spread over their keys (else fall back to token 0)
+SENTENCE_BLOCK_SHARE = 0.3  # block maps cut into sentence-sized blocks
+SALIENCE_SHARE = 0.5  # a per-key salience shared by all rows
+SALIENCE_MAX = 0.6  # its log-scale sigma, at most
+SCORE_NOISE_SHARE = 0.5  # the map as a softmax of noisy scores
+SCORE_NOISE_MAX = 0.8  # Gaussian noise on the scores, sigma at most
+BACKGROUND_MAX = 0.3  # score-space background c (a share c / (1 + c) of the row)
 #: how likely each type is to be drawn as a *secondary* component: [CLS]/[SEP] mass is everywhere
 SECONDARY_PRIOR = {
     "self": 1.5,
@@ -88,6 +112,7 @@ class MapSample:
     causal: bool
     mixture: dict  # component name -> mean weight (the noise floor under "noise")
     temperature: float
+    variations: dict | None = None  # version 2's draws: spread, sentences, salience, score_noise
 
     @property
     def n(self) -> int:
@@ -109,6 +134,8 @@ class _Tokens:
     sep_pos: np.ndarray  # sorted positions > 0
     punct_pos: np.ndarray  # sorted positions, disjoint from 0 and sep
     segments: np.ndarray  # [n] segment id of each position (question / context)
+    spread: bool = False  # causal rows that see no target: spread over what they see, not on token 0
+    sentences: bool = False  # block: segments also end at many punctuation positions (sentence blocks)
 
 
 def _tokens(rng: np.random.Generator, n: int, causal: bool) -> _Tokens:
@@ -150,13 +177,18 @@ def _visible(n: int, causal: bool) -> np.ndarray:
     return np.tril(np.ones((n, n))) if causal else np.ones((n, n))
 
 
-def _normalise(w: np.ndarray, fallback_col: int = 0) -> np.ndarray:
-    """Rows divided by their sums; an all-zero row puts its mass on ``fallback_col``."""
+def _normalise(w: np.ndarray, fallback_col: int = 0, spread: bool = False) -> np.ndarray:
+    """Rows divided by their sums; an all-zero row puts its mass on ``fallback_col``, or with
+    ``spread`` evenly over the keys it can see (0..i; a row with no target then has no pattern)."""
     s = w.sum(1, keepdims=True)
     empty = s[:, 0] <= 0
     if empty.any():
         w = w.copy()
-        w[empty, fallback_col] = 1.0
+        if spread:
+            rows = np.flatnonzero(empty)
+            w[rows] = np.arange(w.shape[1])[None, :] <= rows[:, None]
+        else:
+            w[empty, fallback_col] = 1.0
         s = w.sum(1, keepdims=True)
     return w / s
 
@@ -197,7 +229,7 @@ def _stripes(rng, tk: _Tokens, cols: np.ndarray, temp: float, local: bool) -> np
         ell = rng.uniform(0.1, 1.0) * n
         w[:, cols] *= np.exp(-np.abs(np.arange(n)[:, None] - cols[None, :]) / ell)
     w *= _visible(n, tk.causal)
-    return _normalise(w, 0)
+    return _normalise(w, 0, tk.spread)
 
 
 def _sep(rng, tk: _Tokens, temp: float) -> np.ndarray:
@@ -216,7 +248,7 @@ def _sep(rng, tk: _Tokens, temp: float) -> np.ndarray:
         w[rows[ok], tk.sep_pos[own[ok]]] += 1.0 / temp
         w *= _jitter(rng, (n, n), 0.2)
         w *= _visible(n, tk.causal)
-        return _normalise(w, 0)
+        return _normalise(w, 0, tk.spread)
     return _stripes(rng, tk, tk.sep_pos, temp, local=False)
 
 
@@ -229,6 +261,8 @@ def _block(rng, tk: _Tokens, temp: float) -> np.ndarray:
     seg = tk.segments.copy()
     # split further at a few punctuation positions ("sentences") so that no block covers nearly all
     n_extra = int(rng.integers(1, 4)) if (seg == np.bincount(seg).argmax()).mean() > 0.6 else int(rng.integers(0, 2))
+    if tk.sentences and len(tk.punct_pos):  # sentence-sized blocks along the diagonal
+        n_extra = int(rng.integers(max(1, len(tk.punct_pos) // 4), len(tk.punct_pos) + 1))
     cuts = rng.choice(tk.punct_pos, size=min(n_extra, len(tk.punct_pos)), replace=False) if len(tk.punct_pos) else []
     for c in cuts:
         seg[c + 1 :] += 1
@@ -236,7 +270,7 @@ def _block(rng, tk: _Tokens, temp: float) -> np.ndarray:
     same = seg[:, None] == seg[None, :]
     w = same * _jitter(rng, (n, n), rng.uniform(0.0, 0.8) / math.sqrt(temp))
     w *= _visible(n, tk.causal)
-    return _normalise(w, 0)
+    return _normalise(w, 0, tk.spread)
 
 
 def _broad(rng, tk: _Tokens, temp: float) -> np.ndarray:
@@ -357,6 +391,10 @@ def sample_map(
         is_causal = False
     n = n_draw if n is None else int(n)
     tk = _tokens(rng, n, is_causal)
+    # variations drawn from a stream of their own, so that they leave every other draw as it was
+    aug = np.random.default_rng([seed, index, 1])
+    tk.spread = bool(aug.random() < SPREAD_SHARE)
+    tk.sentences = bool(aug.random() < SENTENCE_BLOCK_SHARE)
     weights, lam = _mixture(rng, PATTERN_TYPES[label], is_causal)
     if pure:
         weights, lam = {PATTERN_TYPES[label]: 1.0}, 0.0
@@ -372,13 +410,48 @@ def sample_map(
         noise = _normalise(vis * _jitter(rng, (n, n), rng.uniform(0.3, 2.0)), 0)
         a = (1 - lam) * a + lam * noise
     a /= a.sum(1, keepdims=True)
+    variations = {"spread": tk.spread, "sentences": tk.sentences, "salience": False, "score_noise": False}
+    if not pure:
+        a, bg, drawn = _score_space(aug, a, _visible(n, is_causal), PATTERN_TYPES[label], weights, lam)
+        variations.update(drawn)
+        lam = 1 - (1 - lam) * (1 - bg)  # the background counts as noise floor in ``mixture``
     sep = np.zeros(n, dtype=bool)
     sep[tk.sep_pos] = True
     punct = np.zeros(n, dtype=bool)
     punct[tk.punct_pos] = True
     mix = {t: float(row_w[:, c].mean()) * (1 - lam) for c, t in enumerate(names)}
     mix["noise"] = float(lam)
-    return MapSample(a.astype(np.float32), label, sep, punct, bool(is_causal), mix, temp)
+    return MapSample(a.astype(np.float32), label, sep, punct, bool(is_causal), mix, temp, variations)
+
+
+def _score_space(aug, a: np.ndarray, vis: np.ndarray, dominant: str, weights: dict, lam: float):
+    """Attention is a softmax of scores: with ``SCORE_NOISE_SHARE`` the map goes back to scores,
+    ``log(A + c / visible)``, gets Gaussian noise (sigma up to ``SCORE_NOISE_MAX``) and goes through
+    the softmax again; the background ``c`` (a share c / (1 + c) of each row, up to
+    ``BACKGROUND_MAX`` / (1 + ``BACKGROUND_MAX``)) is kept only where the dominant component still beats
+    every other by ``MARGIN`` counting it as broad mass. Independently, with ``SALIENCE_SHARE``, every
+    key gets a salience exp(N(0, tau)) shared by all rows. Returns the map and the background share."""
+    bg = 0.0
+    salience = aug.random() < SALIENCE_SHARE
+    if salience:
+        a = a * np.exp(aug.normal(0.0, aug.uniform(0.0, SALIENCE_MAX), size=a.shape[1]))[None, :]
+        a /= a.sum(1, keepdims=True)
+    noisy = aug.random() < SCORE_NOISE_SHARE
+    if noisy:
+        c = aug.uniform(0.0, BACKGROUND_MAX)
+        bg = c / (1 + c)
+        eff = {t: w * (1 - lam) * (1 - bg) for t, w in weights.items()}
+        eff["broad"] = eff.get("broad", 0.0) + (lam * (1 - bg)) + bg
+        others = [w for t, w in eff.items() if t != dominant]
+        if dominant != "broad" and others and eff[dominant] - max(others) < MARGIN:
+            c, bg = 0.0, 0.0
+        scores = np.log(a + c / vis.sum(1, keepdims=True) + 1e-12)
+        scores += aug.normal(0.0, aug.uniform(0.0, SCORE_NOISE_MAX), size=a.shape)
+        scores = np.where(vis > 0, scores, -np.inf)
+        scores -= scores.max(1, keepdims=True)
+        a = np.exp(scores)
+        a /= a.sum(1, keepdims=True)
+    return a, bg, {"salience": bool(salience), "score_noise": bool(noisy)}
 
 
 def generate(seed: int, count: int, start: int = 0, **pin) -> list[MapSample]:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from rapids_attn.patterns.cnn import WEIGHTS_DIR, PatternCNN, save_pattern_cnn
-from rapids_attn.patterns.generator import PATTERN_TYPES, generate_features
+from rapids_attn.patterns.generator import GENERATOR_VERSION, PATTERN_TYPES, generate_features
 
 HELDOUT_OFFSET = 1000  # held-out maps come from stream seed + 1000
 SMALL_HELDOUT = 1000  # the unit test re-generates this many held-out maps and checks the accuracy
@@ -178,6 +178,7 @@ def _train(seed, n_train, epochs, n_heldout, batch_size, lr, image_size, embed_d
             "optimizer": "AdamW(weight_decay=1e-4), OneCycleLR, label_smoothing=0.05",
             "torch_threads": torch.get_num_threads(),
             "data_workers": workers,
+            "generator_version": GENERATOR_VERSION,
         },
         "heldout": {
             "seed": h_seed,
