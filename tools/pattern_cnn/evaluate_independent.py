@@ -1,10 +1,18 @@
 """The pattern CNN on maps from a generator it was not trained on (issue 13's generalisation check).
 
-    python -m tools.pattern_cnn.evaluate_independent [--seeds 0 1] [--per-family 150] [--no-resnet]
+    python -m tools.pattern_cnn.evaluate_independent [--generator independent] [--seeds 0 1] \
+        [--per-family 150] [--no-resnet]
 
-Maps come from ``tools/pattern_cnn/independent.py`` (written apart from the training generator: a
-softmax-of-scores construction, another noise model, length distribution and token-role layout),
-``--per-family`` of each of its 14 families: the ten training types and four the training never made.
+Maps come from a generator written apart from the training generator, ``--per-family`` of each of
+its families: the ten training types and some the training never made.
+
+- ``independent`` (``tools/pattern_cnn/independent.py``): a softmax-of-scores construction, another
+  noise model, length distribution and token-role layout; unseen ``columns``, ``two_back``,
+  ``left_window``, ``last``.
+- ``mechanistic`` (``tools/pattern_cnn/mechanistic.py``, written by someone who had not read either
+  other generator): softmax(Q K^T) of designed circuits (rotary positions, role directions, segment
+  vectors, token identity) over a synthetic token sequence; unseen ``duplicate`` and ``induction``.
+
 Every map goes through the documented API for maps a user already has
 (``rapids_attn.api.analyse_maps``, the job's own reductions and embedder) and the features through
 ``rapids_attn.api.cluster_features`` (the learn stage's PCA 32 + KMeans, seed 0). Per seed it prints:
@@ -13,8 +21,8 @@ Every map goes through the documented API for maps a user already has
    share labelled ``other``, precision among the known-family maps and among all maps (unseen
    families named as the type are false positives);
 2. per unseen family: the share labelled ``other`` and what the named ones were called;
-3. ARI of KMeans clusters against the true family, for k = 10 on the known families and k = 14 on
-   all, for the ``pattern-cnn`` features, the CNN's embedding alone (without the side copy of the
+3. ARI of KMeans clusters against the true family, for k = 10 on the known families and k = the
+   number of families on all, for the ``pattern-cnn`` features, the CNN's embedding alone (without the side copy of the
    profile and stats), the ``pooled`` baseline and ``resnet18`` with random weights.
 """
 
@@ -30,7 +38,9 @@ import torch
 from rapids_attn.api import analyse_maps, cluster_features
 from rapids_attn.embed.pattern import SIDE_STATS
 from rapids_attn.extract.maps import PROFILE_OFFSETS
-from tools.pattern_cnn.independent import FAMILIES, KNOWN, UNSEEN, IndependentMap, generate
+from tools.pattern_cnn import independent, mechanistic
+
+GENERATORS = {"independent": independent, "mechanistic": mechanistic}
 
 EMBEDDERS = {
     "pattern-cnn": {},
@@ -43,7 +53,7 @@ CHUNK = 48
 SIDE_WIDTH = len(PROFILE_OFFSETS) + len(SIDE_STATS) + 1
 
 
-def analyse(maps: list[IndependentMap]) -> dict[str, np.ndarray]:
+def analyse(maps: list) -> dict[str, np.ndarray]:
     """Run ``analyse_maps`` (pattern-cnn) on the maps (anything with ``attn``, ``n``, ``sep``, ``punct``
     and ``causal``: this generator's maps or the training generator's ``MapSample``), grouped by
     causality and padded in chunks of similar length. Returns, in the order of ``maps``: features,
@@ -88,30 +98,30 @@ def embed_images(r: dict[str, np.ndarray], name: str, settings: dict, batch: int
     return np.concatenate(parts)
 
 
-def label_tables(truth: np.ndarray, names: np.ndarray) -> str:
+def label_tables(truth: np.ndarray, names: np.ndarray, known=independent.KNOWN, unseen=independent.UNSEEN) -> str:
     lines = [
         "| known type | maps | recall | labelled other | precision (known maps) | precision (all maps) |",
         "|---|---|---|---|---|---|",
     ]
-    known = np.isin(truth, KNOWN)
-    for t in KNOWN:
+    known_maps = np.isin(truth, known)
+    for t in known:
         m = truth == t
         hit = int((m & (names == t)).sum())
-        named_k = int((known & (names == t)).sum())
+        named_k = int((known_maps & (names == t)).sum())
         named_all = int((names == t).sum())
         prec_k = f"{hit / named_k:.3f}" if named_k else "-"
         prec_a = f"{hit / named_all:.3f} ({named_all})" if named_all else "-"
         lines.append(
             f"| {t} | {int(m.sum())} | {hit / m.sum():.3f} | {(names[m] == 'other').mean():.1%} | {prec_k} | {prec_a} |"
         )
-    kn = names[known]
+    kn = names[known_maps]
     named = kn != "other"
     lines.append(
-        f"| all known | {int(known.sum())} | {(kn == truth[known]).mean():.3f} | {(~named).mean():.1%} "
-        f"| {(kn[named] == truth[known][named]).mean():.3f} | |"
+        f"| all known | {int(known_maps.sum())} | {(kn == truth[known_maps]).mean():.3f} | {(~named).mean():.1%} "
+        f"| {(kn[named] == truth[known_maps][named]).mean():.3f} | |"
     )
     lines += ["", "| unseen family | maps | labelled other | named as |", "|---|---|---|---|"]
-    for f in UNSEEN:
+    for f in unseen:
         m = truth == f
         named = Counter(names[m][names[m] != "other"].tolist())
         as_ = ", ".join(f"{k} {v}" for k, v in named.most_common()) or "-"
@@ -126,31 +136,35 @@ def ari(features: np.ndarray, truth: np.ndarray, k: int) -> float:
     return float(adjusted_rand_score(truth, labels))
 
 
-def evaluate_seed(seed: int, per_family: int, embedders: dict) -> tuple[str, dict]:
+def evaluate_seed(seed: int, per_family: int, embedders: dict, generator: str = "independent") -> tuple[str, dict]:
+    gen = GENERATORS[generator]
     t0 = time.perf_counter()
-    maps = generate(seed, per_family)
+    maps = gen.generate(seed, per_family)
     truth = np.asarray([m.family for m in maps])
     t_gen = time.perf_counter() - t0
-    known = np.isin(truth, KNOWN)
+    known = np.isin(truth, gen.KNOWN)
     r = analyse(maps)
-    text = label_tables(truth, r["names"])
+    text = label_tables(truth, r["names"], gen.KNOWN, gen.UNSEEN)
     aris = {}
     for name, settings in embedders.items():
         if name.startswith("pattern-cnn"):
             feats = r["features"] if name == "pattern-cnn" else r["features"][:, :-SIDE_WIDTH]
         else:
             feats = embed_images(r, name, settings)
-        aris[name] = (ari(feats[known], truth[known], len(KNOWN)), ari(feats, truth, len(FAMILIES)))
+        aris[name] = (ari(feats[known], truth[known], len(gen.KNOWN)), ari(feats, truth, len(gen.FAMILIES)))
     lines = [
         (
-            f"## independent generator, seed {seed}: {len(maps)} maps ({per_family} per family, "
+            f"## {generator} generator, seed {seed}: {len(maps)} maps ({per_family} per family, "
             f"{int(sum(m.causal for m in maps))} causal, n median {int(np.median([m.n for m in maps]))}, "
             f"max {max(m.n for m in maps)}; generated in {t_gen:.0f}s)"
         ),
         "",
         text,
         "",
-        "| embedder | ARI, 10 known families (k = 10) | ARI, all 14 families (k = 14) |",
+        (
+            f"| embedder | ARI, {len(gen.KNOWN)} known families (k = {len(gen.KNOWN)}) "
+            f"| ARI, all {len(gen.FAMILIES)} families (k = {len(gen.FAMILIES)}) |"
+        ),
         "|---|---|---|",
         *[f"| {n} | {a:.3f} | {b:.3f} |" for n, (a, b) in aris.items()],
     ]
@@ -159,6 +173,7 @@ def evaluate_seed(seed: int, per_family: int, embedders: dict) -> tuple[str, dic
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.pattern_cnn.evaluate_independent", description=__doc__)
+    p.add_argument("--generator", choices=sorted(GENERATORS), default="independent")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--per-family", type=int, default=150)
     p.add_argument("--no-resnet", action="store_true", help="skip the random-weights resnet18 baseline")
@@ -167,7 +182,7 @@ def main(argv=None) -> int:
     embedders = {k: v for k, v in EMBEDDERS.items() if not (args.no_resnet and k.startswith("resnet"))}
     t0 = time.perf_counter()
     for seed in args.seeds:
-        text, _ = evaluate_seed(seed, args.per_family, embedders)
+        text, _ = evaluate_seed(seed, args.per_family, embedders, args.generator)
         print(text + "\n", flush=True)
     print(f"total {time.perf_counter() - t0:.0f}s")
     return 0
