@@ -1,6 +1,6 @@
 """Do a run's pattern labels agree with the statistics that define them?
 
-    python -m tools.pattern_cnn.agreement RUN_DIR [--relabel] [--with-probes]
+    python -m tools.pattern_cnn.agreement RUN_DIR [--relabel] [--argmax] [--with-probes]
 
 RUN_DIR is a run made with ``embed.name: pattern-cnn``. For each label the store holds it prints
 the number and share of maps, the share whose stats satisfy the label's defining rule
@@ -10,7 +10,9 @@ statistic beside its median over all maps. Then the share of named (non-``other`
 ``--relabel`` (automatic for a store made before ``other`` existed) labels the stored maps again
 with today's rule: logits from the stored features through the shipped classifier (the features are
 stored in float16, so a borderline map may differ from what a new run would give), calibrated with
-the shipped temperature. The probe examples are left out unless ``--with-probes``.
+the shipped temperature. ``--argmax`` also tables the network's own top type for every map, before
+the rule and the probability threshold: how often the CNN alone would contradict the statistics.
+The probe examples are left out unless ``--with-probes``.
 """
 
 from __future__ import annotations
@@ -73,11 +75,16 @@ def load(run_dir: Path, with_probes: bool = False) -> dict:
 
 
 @torch.inference_mode()
-def relabel(d: dict) -> np.ndarray:
+def stored_logits(d: dict) -> tuple[torch.Tensor, dict]:
+    """The shipped classifier on the stored features (float16 in the store), and the weights' meta."""
     g = d["group"]
     model, meta = load_pattern_cnn("cpu")
     feats = torch.from_numpy(np.asarray(g[S.FEATURES][:], dtype=np.float32)[d["keep"]].reshape(len(d["stats"]), -1))
-    logits = model.classifier(feats[:, : model.embed_dim])  # the CNN's embedding leads the features
+    return model.classifier(feats[:, : model.embed_dim]), meta  # the CNN's embedding leads the features
+
+
+def relabel(d: dict) -> np.ndarray:
+    logits, meta = stored_logits(d)
     pattern, _ = label(
         logits,
         torch.from_numpy(d["stats"]),
@@ -120,6 +127,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--relabel", action="store_true", help="label the stored maps again with today's rule")
+    ap.add_argument("--argmax", action="store_true", help="also the network's top type, before the rule")
     ap.add_argument("--with-probes", action="store_true", help="include the probe examples")
     args = ap.parse_args(argv)
     d = load(args.run_dir, args.with_probes)
@@ -127,6 +135,8 @@ def main(argv=None) -> int:
     runs = [("stored labels", d["pattern"])]
     if args.relabel or OTHER not in d["classes"]:
         runs.append(("relabelled from the stored features with today's rule", relabel(d)))
+    if args.argmax:
+        runs.append(("the network's top type, before the rule and threshold", stored_logits(d)[0].argmax(1).numpy()))
     for title, pattern in runs:
         text, rate, named = table(pattern, d["stats"], d["profile"], d["images"])
         print(f"## {title}: {args.run_dir}, {n} maps\n\n{text}\n")
