@@ -13,8 +13,8 @@ Token roles (a synthetic sequence, nothing tokenised)
   commas at a per-map rate and, now and then, a list clump of punctuation at every other position ("1 , 2 , 3").
   Punctuation lands on about 8 % of positions (median; 4-15 % in most maps). 1-3 separators sit right after
   sentence ends: in bidirectional maps the last position is [SEP] 85 % of the time; in causal maps at least one
-  separator lies before the midpoint (a causal row cannot see later tokens). Position 0 is never sep nor punct; sep and punct are disjoint.
-  Segments are closed by separators and sentence ends (the closing token belongs to the segment it closes); a
+  separator lies before the midpoint (a causal row cannot see later tokens). Position 0 is never sep nor punct;
+  sep and punct are disjoint. Segments are closed by separators and sentence ends (the closing token belongs to the segment it closes); a
   segment longer than 60 % of n is split by a full stop in its middle. Every content token has a Zipf-distributed
   frequency rank, a proxy for token rarity.
 
