@@ -14,9 +14,9 @@ Token roles (a synthetic sequence, nothing tokenised)
   Punctuation lands on about 8 % of positions (median; 4-15 % in most maps). 1-3 separators sit right after
   sentence ends: in bidirectional maps the last position is [SEP] 85 % of the time; in causal maps at least one
   separator lies before the midpoint (a causal row cannot see later tokens). Position 0 is never sep nor punct;
-  sep and punct are disjoint. Segments are closed by separators and sentence ends (the closing token belongs to the segment it closes); a
-  segment longer than 60 % of n is split by a full stop in its middle. Every content token has a Zipf-distributed
-  frequency rank, a proxy for token rarity.
+  sep and punct are disjoint. Segments are closed by separators and sentence ends (the closing token belongs to
+  the segment it closes); a segment longer than 60 % of n is split by a full stop in its middle. Every content
+  token has a Zipf-distributed frequency rank, a proxy for token rarity.
 
 Lengths
   Bimodal: half the maps are short sentences (n in 10..40), half long paragraphs (n in 100..500).
