@@ -14,13 +14,14 @@ calibrated probability is at least ``rules.MIN_PROB``; otherwise it is ``other``
     emb.classes[int(extras["pattern"][0])]                  # e.g. "prev"
 
 **Features** (what the learn stage reduces and clusters; ``dim`` = 128 + 18 = 146): the network's
-embedding, then the map's own full-resolution description times ``SIDE_SCALE`` (32): the offset
+embedding, then the map's own full-resolution description times ``SIDE_SCALE`` (16): the offset
 profile (9), the length-free stats ``SIDE_STATS`` (8 masses and shares in [0, 1]; ``entropy`` in nats
 and ``distance`` in tokens are left out, they measure the length as much as the pattern) and
 ``rules.shared_columns`` (1). The network alone maps an unfamiliar map onto the nearest type it knows;
 the side copy keeps what the map's statistics say in the feature space (docs/pattern-cnn.md,
-"Features for clustering"). The scale gives that block about 3 times the variance of the embedding
-on generated maps. A one-token map's undefined (NaN) stats enter as 0.
+"Features for clustering"). The scale (16) was chosen on seed 0 of the three evaluation generators
+(tools/pattern_cnn/evaluate_independent.py) among 0, 2, 4, 8, 16 and 32 for the shipped network, and
+held on seeds 1 and 2. A one-token map's undefined (NaN) stats enter as 0.
 
 Images of another size than the network's (32) are area-resized with the pipeline's ``area_resize``.
 Runs batched under ``torch.inference_mode``; outputs are on the device of ``images``.
@@ -41,7 +42,7 @@ from rapids_attn.store.schema import PATTERN, PATTERN_PROB, Attr
 #: The stats copied into the features (length-free: shares of a row's mass, or normalised entropy).
 SIDE_STATS = ("entropy_norm", "first", "sep", "punct", "self", "prev", "next", "max")
 #: The factor on the side copy [profile, SIDE_STATS, shared_columns] in the features.
-SIDE_SCALE = 32.0
+SIDE_SCALE = 16.0
 _SIDE_IDX = [STAT_NAMES.index(n) for n in SIDE_STATS]
 _FIRST = STAT_NAMES.index("first")
 

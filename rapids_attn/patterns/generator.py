@@ -43,6 +43,12 @@ other draw is as before:
 
 ``pure`` maps get the first two (they are token-role and component choices), not the last two.
 
+Version 3 makes ``CIRCUIT_SHARE`` (40%) of the maps another way: as the softmax of summed score
+circuits, one per type (rotary-like positional terms, role keys, segments, a bilinear content term;
+``rapids_attn/patterns/circuits.py``), when the dominant circuit's targets win the row's mass by
+``MARGIN`` (else the map is a mixture as above). Their ``variations["circuits"]`` is True and
+their ``mixture`` holds each circuit's mass on its targets.
+
 Each sample is generated from ``numpy.random.default_rng([seed, index])``: the same (seed, index)
 gives the same map, so ``generate(seed, 1000)`` is the first 1000 maps of ``generate(seed, 5000)``.
 """
@@ -77,7 +83,8 @@ CAUSAL_SHARE = 0.3
 MARGIN = 0.15  # dominant weight minus the largest other weight (noise counts as broad), at least
 NOISE_MAX = 0.25
 #: version 2 adds the variations below (docs/pattern-cnn.md, "Generator version 2")
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
+CIRCUIT_SHARE = 0.4  # version 3: maps made as a softmax of score circuits (rapids_attn/patterns/circuits.py)
 SPREAD_SHARE = 0.5  # causal rows that see no target spread over their keys (else fall back to token 0)
 SENTENCE_BLOCK_SHARE = 0.3  # block maps cut into sentence-sized blocks
 SALIENCE_SHARE = 0.5  # a per-key salience shared by all rows
@@ -398,6 +405,12 @@ def sample_map(
     weights, lam = _mixture(rng, PATTERN_TYPES[label], is_causal)
     if pure:
         weights, lam = {PATTERN_TYPES[label]: 1.0}, 0.0
+    elif aug.random() < CIRCUIT_SHARE:
+        from rapids_attn.patterns.circuits import circuit_map
+
+        made = circuit_map(aug, tk, PATTERN_TYPES[label])
+        if made is not None:
+            return _sample(made[0], label, tk, made[1], temp, tk.spread, tk.sentences, circuits=True)
     names = list(weights)
     w = np.array([weights[t] for t in names])
     row_w = w[None, :] * _jitter(rng, (n, len(names)), 0.25)  # per-row weights around the mixture
@@ -415,13 +428,24 @@ def sample_map(
         a, bg, drawn = _score_space(aug, a, _visible(n, is_causal), PATTERN_TYPES[label], weights, lam)
         variations.update(drawn)
         lam = 1 - (1 - lam) * (1 - bg)  # the background counts as noise floor in ``mixture``
-    sep = np.zeros(n, dtype=bool)
-    sep[tk.sep_pos] = True
-    punct = np.zeros(n, dtype=bool)
-    punct[tk.punct_pos] = True
     mix = {t: float(row_w[:, c].mean()) * (1 - lam) for c, t in enumerate(names)}
     mix["noise"] = float(lam)
-    return MapSample(a.astype(np.float32), label, sep, punct, bool(is_causal), mix, temp, variations)
+    return _sample(a, label, tk, mix, temp, **variations)
+
+
+def _sample(a, label, tk, mix, temp, spread, sentences, salience=False, score_noise=False, circuits=False):
+    sep = np.zeros(tk.n, dtype=bool)
+    sep[tk.sep_pos] = True
+    punct = np.zeros(tk.n, dtype=bool)
+    punct[tk.punct_pos] = True
+    variations = {
+        "spread": spread,
+        "sentences": sentences,
+        "salience": salience,
+        "score_noise": score_noise,
+        "circuits": circuits,
+    }
+    return MapSample(a.astype(np.float32), label, sep, punct, bool(tk.causal), mix, temp, variations)
 
 
 def _score_space(aug, a: np.ndarray, vis: np.ndarray, dominant: str, weights: dict, lam: float):

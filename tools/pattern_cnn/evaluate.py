@@ -145,7 +145,7 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
 
     from rapids_attn.embed.backbone import BackboneEmbedder
     from rapids_attn.embed.base import PooledEmbedder
-    from rapids_attn.embed.pattern import SIDE_STATS, PatternCNNEmbedder
+    from rapids_attn.embed.pattern import SIDE_SCALE, SIDE_STATS, PatternCNNEmbedder
     from rapids_attn.extract.maps import PROFILE_OFFSETS
     from rapids_attn.patterns.generator import generate
     from tools.pattern_cnn.evaluate_independent import analyse
@@ -171,7 +171,7 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
         ),
         (
             "pattern-cnn",
-            "`analyse_maps` features: the CNN's embedding, then 32 x [profile, 8 stats, shared columns]",
+            f"`analyse_maps` features: the CNN's embedding, then {SIDE_SCALE:g} x [profile, 8 stats, shared columns]",
             pattern_cnn,
         ),
         (
