@@ -215,7 +215,7 @@ def classify(emb, images, profile, stats):
 
 
 def test_pattern_embedder_shapes(shipped):
-    from rapids_attn.embed.pattern import PatternCNNEmbedder
+    from rapids_attn.embed.pattern import SIDE_SCALE, PatternCNNEmbedder
 
     emb = PatternCNNEmbedder("cpu", batch_size=4)
     e = emb.model.embed_dim  # the features: the CNN's embedding, then the side copy (18 columns)
@@ -232,7 +232,7 @@ def test_pattern_embedder_shapes(shipped):
     with torch.inference_mode():
         logits, f = model(images, profile, stats, return_features=True)
     torch.testing.assert_close(feats[:, :e], f, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(feats[:, e : e + 9], 32 * profile)
+    torch.testing.assert_close(feats[:, e : e + 9], SIDE_SCALE * profile)
     named = pattern != len(PATTERN_TYPES)  # the rest are "other" (tests/unit/patterns/test_rules.py)
     assert torch.equal(pattern[named], logits.argmax(1)[named])
     # other image sizes are area-resized first: a 64 x 64 image of the same map gives the same result
@@ -268,10 +268,12 @@ def test_reproduces_the_recorded_heldout_accuracy(shipped):
         acc = float((emb.model(images, profile, stats).argmax(1) == labels).float().mean())
     assert acc == pytest.approx(small["accuracy"], abs=0.01)
     assert acc >= 0.95
-    # the labels the embedder gives: "other" or, almost always, the true type
+    # the labels the embedder gives: "other" or, mostly, the true type. Measured on these 1000 maps:
+    # 0.975 of named labels right with generator version 3's weights (0.979 on 2000 maps in
+    # docs/pattern-cnn.md's calibration table; version 2's easier maps gave over 0.99)
     named = pattern != len(PATTERN_TYPES)
     assert named.float().mean() > 0.8
-    assert float((pattern[named] == labels[named]).float().mean()) >= 0.99
+    assert float((pattern[named] == labels[named]).float().mean()) >= 0.97
 
 
 def test_training_is_deterministic(tmp_path):
