@@ -358,6 +358,46 @@ class HeadsConfig(Section):
     max_length: int | None = Field(None, gt=1)
 
 
+class RelevanceConfig(Section):
+    """Where information flows and how heads relate (the ``relevance`` stage; docs/architecture.md,
+    "Relevance and the head atlas")."""
+
+    #: run the stage by default (it always runs when --stages names it).
+    enabled: bool = False
+    #: examples evaluated: a seeded sample of the job's examples (runtime.seed), or all of them (null).
+    examples: int | None = Field(200, gt=0)
+    #: token relevance methods (rapids_attn/relevance/methods.py): the head mean, the raw last layer,
+    #: attention rollout, gradient-weighted rollout (for the model's own output), attention flow, and PageRank.
+    methods: list[Literal["head_mean", "last_layer", "rollout", "grad_rollout", "flow", "pagerank"]] = [
+        "head_mean",
+        "last_layer",
+        "rollout",
+        "grad_rollout",
+        "flow",
+        "pagerank",
+    ]
+    #: whose relevance: ``auto`` (the first token, [CLS], for encoders; the last token for decoders), ``first``,
+    #: ``last``, or ``mean`` (the mean over every token's row; flow then costs T times more).
+    query: Literal["auto", "first", "last", "mean"] = "auto"
+    #: rollout and flow mix each layer's head-mean attention with the identity: r I + (1 - r) A (Abnar & Zuidema: 0.5).
+    residual: float = Field(0.5, ge=0, le=1)
+    #: attention flow runs one maximum flow per (query row, token) on (L + 1) T nodes; examples longer than
+    #: this get no flow (NaN, counted in summary.json) instead of hours of CPU.
+    flow_max_tokens: int = Field(128, gt=1)
+    #: PageRank runs on the graph of one layer's heads (-1: the last layer), all of them or the ones listed.
+    pagerank_layer: int = -1
+    pagerank_heads: list[int] | None = None
+    #: the head atlas: Clark et al.'s distance between heads, embedded in 2-D and clustered into this many groups.
+    atlas: bool = True
+    atlas_clusters: int = Field(8, ge=1)
+    #: "related heads": each head's nearest heads in the atlas.
+    related: int = Field(5, ge=1)
+    #: examples per forward pass.
+    batch_size: int = Field(8, gt=0)
+    #: tokens per input; longer inputs are truncated (the model's own limit when null).
+    max_length: int | None = Field(None, gt=1)
+
+
 class RuntimeConfig(Section):
     #: ``local`` (dask LocalCluster), ``local-cuda`` (dask-cuda LocalCUDACluster, one worker per GPU),
     #: or ``scheduler`` (an existing cluster: set ``address`` or ``scheduler_file``).
@@ -414,6 +454,7 @@ class JobConfig(Section):
     reduce: ReduceConfig = ReduceConfig()
     cluster: ClusterConfig = ClusterConfig()
     heads: HeadsConfig = HeadsConfig()
+    relevance: RelevanceConfig = RelevanceConfig()
     explain: ExplainConfig = ExplainConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()

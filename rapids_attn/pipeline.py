@@ -26,10 +26,13 @@ from rapids_attn.extract.stage import ExtractStage
 from rapids_attn.heads.stage import HeadsStage
 from rapids_attn.job import JobConfig
 from rapids_attn.learn.stage import LearnStage
+from rapids_attn.relevance.stage import RelevanceStage
 from rapids_attn.stage import RunContext, Stage
 
 #: every stage a job can run, in the order they run
-STAGES: dict[str, type[Stage]] = {s.name: s for s in (ExtractStage, LearnStage, HeadsStage, ExplainStage)}
+STAGES: dict[str, type[Stage]] = {
+    s.name: s for s in (ExtractStage, LearnStage, HeadsStage, RelevanceStage, ExplainStage)
+}
 
 #: the message that tells a user how to produce what a stage needs, by the stage that writes it
 _HOW = {

@@ -126,6 +126,41 @@ HEAD_PROBE = ArraySpec(
     "cross-validated linear-probe accuracy per head (attrs: tasks)",
 )
 
+# -- written by the relevance stage (issue 15; examples are a sample, tokens padded with NaN past each length) --
+RELEVANCE_EXAMPLE = ArraySpec(
+    "relevance_example", ("relevance_example",), "int32", "relevance", -1, "the store example each evaluated example is"
+)
+RELEVANCE = ArraySpec(
+    "relevance",
+    ("relevance_example", "relevance_method", "token"),
+    "float32",
+    "relevance",
+    np.nan,
+    "token relevance per method (attrs: methods, query); NaN past relevance_length and where flow was skipped",
+)
+RELEVANCE_LENGTH = ArraySpec("relevance_length", ("relevance_example",), "int32", "relevance", 0, "tokens per example")
+RELEVANCE_ROLES = ArraySpec(
+    "relevance_roles",
+    ("relevance_example", "token"),
+    "uint8",
+    "relevance",
+    0,
+    "token role bit flags (attrs: bits): special, punctuation, second segment, gold answer span",
+)
+HEAD_DISTANCE = ArraySpec(
+    "head_distance",
+    ("atlas_head", "atlas_head_to"),
+    "float32",
+    "relevance",
+    np.nan,
+    "Clark et al.'s mean Jensen-Shannon divergence between heads (index layer * heads + head)",
+)
+HEAD_ATLAS = ArraySpec(
+    "head_atlas", ("atlas_head", "xy"), "float32", "relevance", np.nan, "MDS coordinates of each head"
+)
+HEAD_ATLAS_CLUSTER = ArraySpec(
+    "head_atlas_cluster", ("atlas_head",), "int32", "relevance", -1, "average-linkage cluster of each head"
+)
 # -- written by the explain stage ------------------------------------------------------------------
 HEAD_DETECTORS = ArraySpec(
     "head_detectors",
@@ -166,6 +201,13 @@ ARRAYS: dict[str, ArraySpec] = {
         HEAD_IMPORTANCE_RAW,
         HEAD_OUTPUT,
         HEAD_PROBE,
+        RELEVANCE_EXAMPLE,
+        RELEVANCE,
+        RELEVANCE_LENGTH,
+        RELEVANCE_ROLES,
+        HEAD_DISTANCE,
+        HEAD_ATLAS,
+        HEAD_ATLAS_CLUSTER,
         HEAD_DETECTORS,
     )
 }
@@ -196,6 +238,7 @@ class Attr:
     ENCODING = "encoding"  # on thumbnails: "sqrt-uint8"
     NAMES = "names"  # on head_detectors: the detector names along head_detector
     HEADS = "heads"  # the heads stage's result (metric, ablation effects, pruning curves, probing)
+    RELEVANCE = "relevance"  # the relevance stage's result (dataset-level shares, disagreement, the head atlas)
 
 
 FORMAT_VERSION = 1

@@ -109,6 +109,31 @@ CASES = [
         "",
         "heads.probing.top_k:",
     ),
+    # the relevance stage (issue 15): the same tiny 2 x 2 model
+    (
+        "relevance-pagerank-layer",
+        ["relevance.enabled=true", "relevance.pagerank_layer=2"],
+        [],
+        "",
+        "relevance.pagerank_layer:",
+    ),
+    (
+        "relevance-pagerank-heads",
+        ["relevance.enabled=true", "relevance.pagerank_heads=[0, 5]"],
+        [],
+        "",
+        "relevance.pagerank_heads:",
+    ),
+    (
+        "relevance-atlas-clusters",
+        ["relevance.enabled=true", "relevance.atlas_clusters=5"],
+        [],
+        "",
+        "relevance.atlas_clusters:",
+    ),
+    ("relevance-no-methods", ["relevance.enabled=true", "relevance.methods=[]"], [], "", "relevance.methods:"),
+    ("relevance-method-unknown", ["relevance.methods=[saliency]"], [], "", "relevance.methods"),
+    ("relevance-residual-2", ["relevance.residual=2"], [], "", "relevance.residual:"),
 ]
 
 
