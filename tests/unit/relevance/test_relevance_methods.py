@@ -191,3 +191,24 @@ def test_bad_query_rows_are_refused():
         M.rollout(layers, lengths, "middle")
     with pytest.raises(ValueError, match="query"):
         M.rollout(layers, lengths, 7)  # the first example has 5 tokens
+
+
+def test_nan_in_padded_rows_and_lengths_as_a_list_change_nothing():
+    """A fully masked padded row can come back as NaN from a softmax: no method may let it in."""
+    layers, lengths = _batch(10)
+    grads, _ = _batch(11)
+    dirty = [x.clone() for x in layers]
+    for x in dirty:
+        for e, n in enumerate(LENGTHS):
+            x[e, :, n:, :] = float("nan")
+    as_list = list(LENGTHS)
+    pairs = [
+        (M.head_mean(layers, lengths), M.head_mean(dirty, as_list)),
+        (M.last_layer(layers, lengths), M.last_layer(dirty, as_list)),
+        (M.rollout(layers, lengths), M.rollout(dirty, as_list)),
+        (M.grad_rollout(layers, grads, lengths), M.grad_rollout(dirty, grads, as_list)),
+        (M.attention_flow(layers, lengths, "first"), M.attention_flow(dirty, as_list, "first")),
+        (M.pagerank(layers[0], lengths), M.pagerank(dirty[0], as_list)),
+    ]
+    for clean, got in pairs:
+        torch.testing.assert_close(got, clean, atol=1e-12, rtol=0)
