@@ -51,7 +51,8 @@ from rapids_attn.explain.sections import (
 STAGING_PREFIX = ".report-tmp-"
 #: figure files this module writes (stale ones from an earlier report are removed on success)
 _FIGURE_RE = re.compile(
-    r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|head_importance|pruning|(occupancy|montage)_\d+)\.png$"
+    r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|head_importance|pruning|relevance_shares|head_atlas"
+    r"|(occupancy|montage)_\d+)\.png$"
 )
 
 
@@ -70,10 +71,11 @@ class _Figures:
     montage: dict[int, str] = field(default_factory=dict)  # likewise; empty without thumbnails
     k_sweep: str | None = None  # None when the learn stage ran no sweep
     importance: list[str] = field(default_factory=list)  # the heads stage's heatmaps and pruning curves
+    relevance: list[str] = field(default_factory=list)  # the relevance stage's shares and head atlas
 
     def names(self) -> list[str]:
         names = [*self.scatter.values(), *self.occupancy.values(), *self.montage.values(), self.grid, self.detectors]
-        return names + ([self.k_sweep] if self.k_sweep else []) + self.importance
+        return names + ([self.k_sweep] if self.k_sweep else []) + self.importance + self.relevance
 
 
 def _coords_label(overview: RunOverview) -> str:
@@ -81,7 +83,7 @@ def _coords_label(overview: RunOverview) -> str:
 
 
 def _make_figures(
-    out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None, heads=None
+    out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None, heads=None, relevance=None
 ) -> _Figures:
     """Render every figure into ``out_dir``; any failure propagates (no partial report)."""
     clusters = findings.clusters
@@ -125,6 +127,10 @@ def _make_figures(
         from rapids_attn.explain.heads import figures as heads_figures
 
         figs.importance = heads_figures(out_dir, heads[2])
+    if relevance:
+        from rapids_attn.explain.relevance import figures as relevance_figures
+
+        figs.relevance = relevance_figures(out_dir, relevance)
     return figs
 
 
@@ -174,6 +180,7 @@ def render_html(
     report_dir: Path,
     no_thumbs: bool,
     heads=None,
+    relevance=None,
 ) -> str:
     """The page. no_thumbs: the store kept no thumbnails, which the cluster sections say."""
     clusters = findings.clusters
@@ -202,6 +209,11 @@ def render_html(
     importance = heads_section(heads[0], heads[1], figs.importance) if heads else ""
     if importance:
         nav.insert(nav.index(("clusters", "Clusters")), ("importance", "Which heads matter"))
+    from rapids_attn.explain.relevance import section as relevance_section
+
+    flows = relevance_section(relevance, figs.relevance)
+    if flows:
+        nav.insert(nav.index(("clusters", "Clusters")), ("relevance", "Relevance and the head atlas"))
     nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
     sections = "".join(
         _cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
@@ -222,6 +234,7 @@ def render_html(
 {_heads_section(figs)}
 {_detectors_section(findings, figs)}
 {importance}
+{flows}
 <section id="clusters"><h2>Clusters</h2>
 <p class="note">Sorted by size. "What sets it apart" names the statistics whose cluster mean differs most
 from the overall mean (in standard deviations, z); "where" names the layers and heads whose maps make up
@@ -247,6 +260,7 @@ def write_report(
     arrays: FigureArrays | None,
     headviews: dict[int, list[str]] | None = None,
     heads=None,
+    relevance: dict | None = None,
 ) -> Path:
     """Write ``run_dir/report/index.html`` and its figures; return the path of ``index.html``.
 
@@ -263,9 +277,9 @@ def write_report(
         shutil.rmtree(old, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=report_dir))
     try:
-        figs = _make_figures(stage, overview, findings, arrays, heads)
+        figs = _make_figures(stage, overview, findings, arrays, heads, relevance)
         no_thumbs = arrays is not None and arrays.mean_thumbs is None
-        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs, heads)
+        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs, heads, relevance)
         (stage / "index.html").write_text(page, encoding="utf-8")
         names = set(figs.names())
         for old in report_dir.iterdir():

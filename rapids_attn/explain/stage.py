@@ -40,8 +40,8 @@ class ExplainStage(Stage):
     )
     provides = S.arrays_of("explain")
     #: stages whose results the summary already carries (extract's this_run and runs, learn's clusters, heads joined
-    #: as head_importance)
-    summarises = ("extract", "learn", "heads")
+    #: as head_importance, relevance read back from the store)
+    summarises = ("extract", "learn", "heads", "relevance")
 
     def __init__(self, explain, model, data, embed_name: str, seed: int = 0):
         self.explain_cfg = explain
@@ -92,6 +92,11 @@ class ExplainStage(Stage):
         if heads_warning:
             findings.warnings.append(heads_warning)
         self._heads = (joined, heads_warning, heads_info or {})
+        from rapids_attn.explain.relevance import stored_result as relevance_result
+
+        self._relevance = relevance_result(g)
+        if self._relevance is not None:
+            summary["relevance"] = self._relevance
         S.create_array(
             g,
             S.HEAD_DETECTORS,
@@ -143,4 +148,12 @@ class ExplainStage(Stage):
                 findings.warnings.append(msg)  # summary["warnings"] is the same list
                 print(f"warning: {msg}", file=sys.stderr)
             summary["head_views"] = head_view_sizes(ctx.run_dir / "report", views)  # pages, bytes: kept small
-        return write_report(ctx.run_dir, overview, findings, arrays, views, heads=getattr(self, "_heads", None))
+        return write_report(
+            ctx.run_dir,
+            overview,
+            findings,
+            arrays,
+            views,
+            heads=getattr(self, "_heads", None),
+            relevance=getattr(self, "_relevance", None),
+        )

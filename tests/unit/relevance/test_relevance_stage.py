@@ -153,3 +153,15 @@ def test_a_decoder_reads_the_last_token_and_skips_flow_above_its_bound(tmp_path,
     # causal: the last token's rollout row reaches every earlier token
     roll = g["relevance"][:, r["methods"].index("rollout")]
     assert all(np.all(roll[e, :n] > 0) for e, n in enumerate(lengths))
+
+
+def test_the_report_and_summary_carry_the_relevance_section(relevance_run):
+    import json
+
+    cfg, summary = relevance_run
+    page = (cfg.run_dir / "report" / "index.html").read_text()
+    assert 'id="relevance"' in page and "head_atlas.png" in page and "relevance_shares.png" in page
+    assert (cfg.run_dir / "report" / "head_atlas.png").stat().st_size > 0
+    written = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert written["relevance"]["shares"] == summary["relevance"]["shares"]
+    assert len(written["relevance"]["atlas"]["heads"]) == 4
