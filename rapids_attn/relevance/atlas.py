@@ -33,15 +33,15 @@ def js_sums(attn: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, in
     the Jensen-Shannon divergence of each pair of heads summed over the valid query rows, rows: how many
     rows were summed). Padded keys must carry no mass (as a padding mask makes them)."""
     n, t = attn.shape[1], attn.shape[-1]
-    a = attn.double()
+    a = attn if attn.dtype == torch.float64 else attn.float()  # float32 maps stay float32: half the memory
     rows = torch.arange(t, device=a.device)[None, :] < lengths.to(a.device)[:, None]  # [B, T]
-    w = rows.double()[:, None, :]  # [B, 1, T]
+    w = rows.to(a.dtype)[:, None, :]  # [B, 1, T]
     neg_h = _xlogx(a).sum(-1)  # [B, N, T]: -entropy of each head's row
     out = torch.zeros(n, n, dtype=torch.float64, device=a.device)
     for i in range(n):
         m = 0.5 * (a[:, i : i + 1] + a[:, i:])  # [B, N - i, T, T]
         js = 0.5 * (neg_h[:, i : i + 1] + neg_h[:, i:]) - _xlogx(m).sum(-1)  # H(M) - (H(P) + H(Q)) / 2
-        s = (js.clamp_min(0.0) * w).sum((0, 2))
+        s = (js.clamp_min(0.0) * w).sum((0, 2)).double()
         out[i, i:] = s
         out[i:, i] = s
     out.fill_diagonal_(0.0)
