@@ -301,6 +301,10 @@ class ExplainConfig(Section):
     head_views: int = Field(2, ge=0, le=10)
     #: maps drawn for the 2-D scatter plots.
     scatter_sample: int = Field(20_000, gt=0)
+    #: write report/explorer.html: the interactive map of all maps and head atlas (Bokeh, standalone, offline).
+    explorer: bool = True
+    #: maps in the explorer (a seeded sample); a browser holds 50,000 points smoothly.
+    explorer_sample: int = Field(50_000, gt=0)
     #: a cluster is flagged as "dominated by one group" when more than this share of its maps comes
     #: from one group, and that is at least twice the group's overall share.
     group_dominance: float = Field(0.5, gt=0, le=1)

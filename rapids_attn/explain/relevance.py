@@ -130,3 +130,36 @@ holds (1: as much as uniform relevance would give).</p>"""
         )
     imgs = "".join(_img(f, "relevance and the head atlas") for f in figs)
     return head + table + note + dtable + atlas_html + imgs + "</section>"
+
+
+def place_heads(info: dict | None, findings, head_detectors: np.ndarray, heads_info: dict | None) -> None:
+    """Join each atlas head (model layer and head) to what the other stages measured of it, in place:
+    ``detectors`` (each detector's mean over the examples, from the explain stage), ``consistency`` (how
+    steadily its maps fall in one cluster) and, where the heads stage ran, ``importance`` and ``ablation_cost``.
+    A head the store did not keep (extract.layers / extract.heads) gets none of the store's measures."""
+    atlas = (info or {}).get("atlas")
+    if not atlas:
+        return
+    li = {int(layer): i for i, layer in enumerate(findings.layers)}
+    hi = {int(head): j for j, head in enumerate(findings.heads)}
+    names = list(findings.detectors.names)
+    consistency = np.asarray(findings.heads_table.consistency, np.float64)
+    imp = cost = None
+    if heads_info:
+        if heads_info.get("importance") is not None:
+            imp = np.asarray(heads_info["importance"], np.float64)
+        if heads_info.get("cost") is not None:
+            cost = np.asarray(heads_info["cost"], np.float64)
+
+    def _f(v) -> float | None:
+        return None if not np.isfinite(v) else round(float(v), 4)
+
+    for h in atlas.get("heads", []):
+        a, b = int(h["layer"]), int(h["head"])
+        if a in li and b in hi:
+            i, j = li[a], hi[b]
+            h["detectors"] = {n: _f(head_detectors[i, j, k]) for k, n in enumerate(names)}
+            h["consistency"] = _f(consistency[i, j])
+        for key, arr in (("importance", imp), ("ablation_cost", cost)):
+            if arr is not None and a < arr.shape[0] and b < arr.shape[1]:
+                h[key] = _f(arr[a, b])

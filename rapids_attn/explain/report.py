@@ -215,6 +215,8 @@ def render_html(
     if flows:
         nav.insert(nav.index(("clusters", "Clusters")), ("relevance", "Relevance and the head atlas"))
     nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
+    if report_dir is not None and (Path(report_dir) / "explorer.html").is_file():
+        nav_html += '<a href="explorer.html"><b>Interactive explorer</b></a>'  # explain.explorer
     sections = "".join(
         _cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
     )

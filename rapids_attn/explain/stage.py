@@ -96,6 +96,9 @@ class ExplainStage(Stage):
 
         self._relevance = relevance_result(g)
         if self._relevance is not None:
+            from rapids_attn.explain.relevance import place_heads
+
+            place_heads(self._relevance, findings, arrays.head_detectors, heads_info)
             summary["relevance"] = self._relevance
         S.create_array(
             g,
@@ -148,7 +151,8 @@ class ExplainStage(Stage):
                 findings.warnings.append(msg)  # summary["warnings"] is the same list
                 print(f"warning: {msg}", file=sys.stderr)
             summary["head_views"] = head_view_sizes(ctx.run_dir / "report", views)  # pages, bytes: kept small
-        return write_report(
+        self._explorer(ctx, summary)  # first, so that the report links to it
+        index = write_report(
             ctx.run_dir,
             overview,
             findings,
@@ -157,3 +161,26 @@ class ExplainStage(Stage):
             heads=getattr(self, "_heads", None),
             relevance=getattr(self, "_relevance", None),
         )
+        return index
+
+    def _explorer(self, ctx: RunContext, summary: dict) -> None:
+        """report/explorer.html (explain.explorer), or none: an earlier run's file is removed."""
+        import zarr
+
+        from rapids_attn.explain.explorer import FILE, sample_maps, write_explorer
+
+        out = ctx.run_dir / "report" / FILE
+        out.unlink(missing_ok=True)
+        if not self.explain_cfg.explorer:
+            return
+        g = zarr.open_group(str(ctx.store_path), mode="r")
+        shape = g[S.CLUSTER].shape
+        idx = sample_maps(shape, self.explain_cfg.explorer_sample, self.seed)
+        examples = sorted({int(i) for i in idx // (shape[1] * shape[2])})
+        texts = {
+            i: e.text + (f" | {e.text_pair}" if e.text_pair else "")
+            for i, e in zip(examples, ctx.data.read(examples), strict=True)
+        }
+        atlas = (getattr(self, "_relevance", None) or {}).get("atlas")
+        path = write_explorer(out.parent, g, texts, atlas, self.explain_cfg.explorer_sample, self.seed)
+        summary["explorer"] = {"path": str(path), "maps": len(idx), "bytes": path.stat().st_size}

@@ -182,9 +182,14 @@ def test_quickstart_job_copied_anywhere_runs_on_the_wheel(installed, tmp_path):
     assert p.returncode == 0, p.stderr[-4000:]
     assert re.search(r"^done in [\d.]+s: 46 examples, 3,312 maps, 8 clusters", p.stdout, re.MULTILINE), p.stdout
     run = work / "runs" / "quickstart"
-    for out in ("maps.parquet", "summary.json", "store.zarr/zarr.json", "report/index.html"):
+    for out in ("maps.parquet", "summary.json", "store.zarr/zarr.json", "report/index.html", "report/explorer.html"):
         assert (run / out).is_file(), out
     summary = json.loads((run / "summary.json").read_text())
+    # the quickstart runs the relevance stage, so the explorer shows the head atlas (not the layer x head grid)
+    assert (
+        summary["explorer"]["maps"] == 3312
+        and "Jensen-Shannon distance, MDS" in (run / "report/explorer.html").read_text()
+    )
     # the data came from inside the installed package, through the data/quickstart preset
     data = Path(summary["data"]["path"])
     assert data.name == "quickstart.json" and data.is_relative_to(installed.root.resolve()), data

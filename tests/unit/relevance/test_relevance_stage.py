@@ -165,3 +165,75 @@ def test_the_report_and_summary_carry_the_relevance_section(relevance_run):
     written = json.loads((cfg.run_dir / "summary.json").read_text())
     assert written["relevance"]["shares"] == summary["relevance"]["shares"]
     assert len(written["relevance"]["atlas"]["heads"]) == 4
+
+
+def test_the_explorer_is_one_offline_file_with_every_sampled_map_and_the_atlas(relevance_run):
+    import re
+
+    from rapids_attn.explain.explorer import map_table, sample_maps
+
+    cfg, summary = relevance_run
+    path = cfg.run_dir / "report" / "explorer.html"
+    html = path.read_text()
+    assert summary["explorer"]["maps"] == 12 * 2 * 2 and summary["explorer"]["bytes"] == path.stat().st_size
+    assert not re.search(r"<script[^>]+src=", html) and "cdn.bokeh.org" not in html  # scripts inlined
+    for name in ("maps_filter", "heads_filter", "cluster_select", "head_select"):
+        assert name in html
+    assert "relevance stage: Jensen-Shannon distance, MDS" in html  # the atlas, not the grid fallback
+    assert 'href="explorer.html"' in (cfg.run_dir / "report" / "index.html").read_text()  # the report links to it
+    # the sample and the columns it draws: every map of the example, its cluster and thumbnail as stored
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    idx = sample_maps(g["cluster"].shape, 5, 0)
+    assert len(idx) == 5 and len(set(idx.tolist())) == 5 and np.all(np.diff(idx) > 0)
+    t = map_table(g, {}, idx)
+    e, rest = np.divmod(idx, 4)
+    li, hi = np.divmod(rest, 2)
+    assert t["cluster"] == [str(int(g["cluster"][a, b, c])) for a, b, c in zip(e, li, hi)]
+    assert t["x"] == pytest.approx([float(g["coords"][a, b, c, 0]) for a, b, c in zip(e, li, hi)], rel=1e-6)
+    assert all(s.startswith("data:image/png;base64,") for s in t["thumb"])
+
+
+def test_the_atlas_places_each_head_with_its_detectors_and_consistency(relevance_run):
+    _, summary = relevance_run
+    heads = summary["relevance"]["atlas"]["heads"]
+    table = summary["heads"]  # the explain stage's per-head table: [layer][head] over the kept layers and heads
+    det = summary["head_detectors"]
+    for h in heads:
+        assert h["consistency"] == pytest.approx(table["consistency"][h["layer"]][h["head"]], abs=1e-4)
+        assert set(h["detectors"]) == set(det["names"])
+        score = det["scores"]["previous_token_head"][h["layer"]][h["head"]]
+        assert h["detectors"]["previous_token_head"] == pytest.approx(score, abs=1e-4)
+        assert "importance" not in h  # the heads stage did not run
+
+
+def test_the_explorer_loads_offline_and_its_views_filter_in_chromium(relevance_run):
+    """The explorer in a real browser: no network, a hover shows a tooltip, a menu and a click filter both
+    views (tools/check_explorer). Skips where Playwright or a Chromium is missing (CI installs neither)."""
+    import shutil
+
+    pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH")
+    from tools.check_explorer import check
+
+    cfg, _ = relevance_run
+    out = check(cfg.run_dir / "report" / "explorer.html", chromium)
+    assert not out["failures"], out["lines"]
+    assert len(out["lines"]) == 6
+
+
+def test_explorer_off_removes_an_earlier_page_and_its_link(relevance_run, tmp_path):
+    import shutil
+
+    cfg, _ = relevance_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.run_dir, run)
+    raw = cfg.model_dump(mode="json")
+    raw["output"]["dir"] = str(run)
+    raw["explain"]["explorer"] = False
+    off = load_job(None, raw=raw)
+    assert (run / "report" / "explorer.html").is_file()
+    summary = run_job(off, stages=("explain",))
+    assert not (run / "report" / "explorer.html").exists() and "explorer" not in summary
+    assert 'href="explorer.html"' not in (run / "report" / "index.html").read_text()

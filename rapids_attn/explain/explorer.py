@@ -1,0 +1,255 @@
+"""The interactive explorer: ``report/explorer.html``, one standalone file (Bokeh, scripts inlined, no server,
+no network) beside the static report.
+
+Two linked views:
+
+- **the map of all maps**: every map's 2-D coordinates from the learn stage (UMAP, else the first two
+  principal components), a seeded sample of at most ``explain.explorer_sample`` maps, coloured by cluster;
+  hovering a point shows its thumbnail, layer, head, cluster, pattern label and the example's text;
+- **the head atlas**: the heads placed by the relevance stage's atlas (Clark et al.'s distance, MDS) when it
+  ran, else on a layer x head grid; hovering shows the head's dominant map cluster, atlas cluster and related
+  heads.
+
+Choosing a cluster or a head (the two menus, or a click on a head in the atlas) filters both views: the map
+keeps the chosen cluster's and head's maps, the atlas the heads whose dominant cluster is the chosen one.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+FILE = "explorer.html"
+#: characters of the example's text shown on hover
+TEXT_CHARS = 160
+
+
+def _png(thumb: np.ndarray) -> str:
+    """[ty, tx] values in [0, 1] -> a data URI of a grey PNG (brightest = the map's maximum)."""
+    from PIL import Image
+
+    v = thumb / max(float(thumb.max()), 1e-12)
+    buf = io.BytesIO()
+    Image.fromarray(np.round(255 * np.sqrt(v)).astype(np.uint8), mode="L").save(buf, format="PNG", optimize=False)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def sample_maps(shape: tuple[int, int, int], limit: int, seed: int) -> np.ndarray:
+    """Flat indices into [example, layer, head] of at most ``limit`` maps, a seeded sample, sorted."""
+    total = int(np.prod(shape))
+    if total <= limit:
+        return np.arange(total)
+    return np.sort(np.random.default_rng(seed).choice(total, size=limit, replace=False))
+
+
+def map_table(g, texts: dict[int, str], idx: np.ndarray) -> dict[str, list]:
+    """The map view's columns for the flat indices ``idx`` (example-major over the store's kept layers and heads)."""
+    from rapids_attn.store import schema as S
+    from rapids_attn.store.zarr_store import decode_thumbnails
+
+    l_n, h_n = g[S.CLUSTER].shape[1:]
+    e, rest = np.divmod(idx, l_n * h_n)
+    li, hi = np.divmod(rest, h_n)
+    layers, heads = g[S.LAYER][:], g[S.HEAD][:]
+    coords = g[S.COORDS]
+    cluster = g[S.CLUSTER]
+    xy = np.zeros((len(idx), 2), np.float32)
+    cl = np.zeros(len(idx), np.int64)
+    pattern = np.full(len(idx), "", dtype=object)
+    thumbs = [""] * len(idx)
+    classes = list(g.attrs.get(S.Attr.PATTERN_CLASSES) or [])
+    has_thumbs = S.THUMBNAILS in g
+    for ex in np.unique(e):  # one read per example: its chunk row holds every layer and head
+        rows = np.flatnonzero(e == ex)
+        c_xy = coords[int(ex)]
+        xy[rows] = c_xy[li[rows], hi[rows]]
+        cl[rows] = cluster[int(ex)][li[rows], hi[rows]]
+        if classes and S.PATTERN in g:
+            p = g[S.PATTERN][int(ex)]
+            pattern[rows] = [classes[int(k)] if 0 <= int(k) < len(classes) else "" for k in p[li[rows], hi[rows]]]
+        if has_thumbs:
+            t = decode_thumbnails(g[S.THUMBNAILS][int(ex)])
+            for r in rows:
+                thumbs[r] = _png(t[li[r], hi[r]])
+    ids = g[S.EXAMPLE_ID][:]
+    return {
+        "x": xy[:, 0].tolist(),
+        "y": xy[:, 1].tolist(),
+        "layer": layers[li].astype(int).tolist(),
+        "head": heads[hi].astype(int).tolist(),
+        "lh": [f"L{int(a)}H{int(b)}" for a, b in zip(layers[li], heads[hi], strict=True)],
+        "cluster": [str(int(c)) for c in cl],
+        "pattern": [str(p) for p in pattern],
+        "example": [str(ids[int(x)]) for x in e],
+        "text": [texts.get(int(x), "")[:TEXT_CHARS] for x in e],
+        "thumb": thumbs,
+    }
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{float(v):.3g}"
+
+
+def head_table(g, atlas: dict | None) -> dict[str, list]:
+    """The atlas view's columns: every kept head, placed by the relevance stage's atlas when it has the head,
+    else at (head, -layer); its dominant map cluster and share, atlas cluster, related heads, and the measures
+    :func:`rapids_attn.explain.relevance.place_heads` joined to it (consistency, importance, detector scores)."""
+    from rapids_attn.relevance.summary import dominant_map_cluster
+    from rapids_attn.store import schema as S
+
+    layers, heads = g[S.LAYER][:], g[S.HEAD][:]
+    dom, share = dominant_map_cluster(np.asarray(g[S.CLUSTER][:]))
+    placed = {(h["layer"], h["head"]): h for h in (atlas or {}).get("heads", [])}
+    keys = ("x", "y", "lh", "dominant", "share", "atlas_cluster", "related", "consistency", "importance", "detectors")
+    cols: dict[str, list] = {k: [] for k in keys}
+    for i, layer in enumerate(layers):
+        for j, head in enumerate(heads):
+            k = i * len(heads) + j
+            a = placed.get((int(layer), int(head)))
+            cols["x"].append(float(a["x"]) if a else float(head))
+            cols["y"].append(float(a["y"]) if a else -float(layer))
+            cols["lh"].append(f"L{int(layer)}H{int(head)}")
+            cols["dominant"].append(str(int(dom[k])))
+            cols["share"].append(round(float(share[k]), 3))
+            cols["atlas_cluster"].append(str(a["atlas_cluster"]) if a else "")
+            cols["related"].append(", ".join(f"L{r[0]}H{r[1]}" for r in a["related"]) if a else "")
+            a = a or {}
+            cols["consistency"].append(_fmt(a.get("consistency")))
+            cols["importance"].append(_fmt(a.get("importance")))
+            det = {k: v for k, v in (a.get("detectors") or {}).items() if v is not None}
+            cols["detectors"].append(", ".join(f"{k} {v:.2f}" for k, v in sorted(det.items(), key=lambda kv: -kv[1])))
+    return cols
+
+
+_FILTER_JS = """
+const c = cluster_select.value, h = head_select.value;
+const d = maps.data, keep = [];
+for (let i = 0; i < d.cluster.length; i++) {
+  if ((c === 'all' || d.cluster[i] === c) && (h === 'all' || d.lh[i] === h)) keep.push(i);
+}
+maps_filter.indices = keep;
+const a = heads.data, shown = [];
+for (let i = 0; i < a.lh.length; i++) {
+  if ((c === 'all' || a.dominant[i] === c) && (h === 'all' || a.lh[i] === h)) shown.push(i);
+}
+heads_filter.indices = shown;
+status.text = keep.length + ' maps, ' + shown.length + ' heads shown';
+maps.change.emit(); heads.change.emit();
+"""
+
+_TAP_JS = """
+const s = heads.selected.indices;
+if (s.length) head_select.value = heads.data.lh[s[0]];
+"""
+
+
+def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, limit: int, seed: int) -> Path:
+    """Write ``out_dir/explorer.html``; returns its path."""
+    from bokeh.embed import file_html
+    from bokeh.layouts import column, row
+    from bokeh.models import (
+        CDSView,
+        ColumnDataSource,
+        CustomJS,
+        Div,
+        HoverTool,
+        IndexFilter,
+        Select,
+        TapTool,
+    )
+    from bokeh.palettes import Category20
+    from bokeh.plotting import figure
+    from bokeh.resources import INLINE
+    from bokeh.transform import factor_cmap
+
+    from rapids_attn.store import schema as S
+
+    idx = sample_maps(g[S.CLUSTER].shape, limit, seed)
+    mt = map_table(g, texts, idx)
+    ht = head_table(g, atlas)
+    maps = ColumnDataSource(mt, name="maps")
+    heads = ColumnDataSource(ht, name="heads")
+    maps_filter = IndexFilter(list(range(len(idx))), name="maps_filter")
+    heads_filter = IndexFilter(list(range(len(ht["lh"]))), name="heads_filter")
+    clusters = sorted(set(mt["cluster"]) | set(ht["dominant"]), key=int)
+    palette = (Category20[20] * (len(clusters) // 20 + 1))[: max(len(clusters), 3)]
+    colour = factor_cmap("cluster", palette=palette, factors=clusters)
+
+    tips = """<div style="width:260px"><img src="@thumb" width="64" height="64"
+      style="image-rendering:pixelated;float:left;margin-right:6px;border:1px solid #ccc">
+      <b>@lh</b> cluster @cluster<br>pattern: @pattern<br>example @example<br>
+      <span style="font-size:10px;color:#555">@text</span></div>"""
+    p = figure(
+        title=f"The map of all maps ({len(idx):,} shown)",
+        width=760,
+        height=620,
+        tools="pan,wheel_zoom,box_zoom,reset",
+        output_backend="webgl",  # tens of thousands of points pan and zoom smoothly on the GPU's canvas
+    )
+    p.scatter(
+        "x", "y", source=maps, view=CDSView(filter=maps_filter), size=4, alpha=0.6, color=colour, name="maps_points"
+    )
+    p.add_tools(HoverTool(tooltips=tips, renderers=p.renderers))
+    source_label = (
+        "relevance stage: Jensen-Shannon distance, MDS"
+        if atlas
+        else "layer x head grid (run the relevance stage for the atlas)"
+    )
+    q = figure(title=f"Head atlas ({source_label})", width=520, height=620, tools="pan,wheel_zoom,reset,tap")
+    q.scatter(
+        "x",
+        "y",
+        source=heads,
+        view=CDSView(filter=heads_filter),
+        size=12,
+        alpha=0.85,
+        color=factor_cmap("dominant", palette=palette, factors=clusters),
+        name="head_points",
+    )
+    q.text("x", "y", text="lh", source=heads, view=CDSView(filter=heads_filter), text_font_size="7pt", x_offset=6)
+    q.add_tools(
+        HoverTool(
+            tooltips=[
+                ("head", "@lh"),
+                ("dominant map cluster", "@dominant (@share of its maps)"),
+                ("atlas cluster", "@atlas_cluster"),
+                ("related heads", "@related"),
+                ("consistency", "@consistency"),
+                ("importance", "@importance"),
+                ("detectors", "@detectors"),
+            ],
+            renderers=[q.renderers[0]],
+        )
+    )
+    cluster_select = Select(title="cluster", value="all", options=["all", *clusters], name="cluster_select")
+    head_select = Select(title="head", value="all", options=["all", *ht["lh"]], name="head_select")
+    status = Div(text=f"{len(idx)} maps, {len(ht['lh'])} heads shown", name="status")
+    args = {
+        "maps": maps,
+        "heads": heads,
+        "maps_filter": maps_filter,
+        "heads_filter": heads_filter,
+        "cluster_select": cluster_select,
+        "head_select": head_select,
+        "status": status,
+    }
+    cb = CustomJS(args=args, code=_FILTER_JS)
+    cluster_select.js_on_change("value", cb)
+    head_select.js_on_change("value", cb)
+    heads.selected.js_on_change("indices", CustomJS(args={"heads": heads, "head_select": head_select}, code=_TAP_JS))
+    q.select_one(TapTool).renderers = [q.renderers[0]]
+    intro = Div(
+        text="<b>rapids_attn explorer.</b> Hover a point for its thumbnail, layer, head, cluster, pattern and text. "
+        "Choose a cluster or a head (or click a head in the atlas) to filter both views."
+    )
+    page = column(intro, row(cluster_select, head_select, status), row(p, q))
+    html = file_html(page, resources=INLINE, title="rapids_attn explorer")
+    out = Path(out_dir) / FILE
+    part = out.with_name(FILE + ".part")
+    part.write_text(html, encoding="utf-8")
+    os.replace(part, out)  # a killed run leaves no half-written page under the real name
+    return out
