@@ -110,7 +110,7 @@ def analyse_maps(
         reducer(layer, w[:, layer].to(device))
     detectors = reducer.detectors
     if ids is None:  # no token ids: the repeat detectors are unknown, not 0
-        repeat = [i for i, name in enumerate(DETECTOR_NAMES) if name != "previous_token_head"]
+        repeat = [i for i, name in enumerate(DETECTOR_NAMES) if name not in ("previous_token_head", "streaming")]
         detectors[..., repeat] = float("nan")
     emb = build_embedder(EmbedConfig(name=embedder, **embed_settings), image_size, device)
     m = b * n_layers * n_heads

@@ -150,6 +150,17 @@ class ExtractConfig(Section):
     max_batch_size: int = Field(64, gt=0)
     #: where the model and the embedder run: auto picks CUDA when a worker sees a GPU.
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: how attention is captured. ``blocked``: the model's output comes from ``attention_base`` (SDPA by default)
+    #: and every map's image, statistics, profile and detectors are accumulated block of query rows by block,
+    #: never holding a T x T map (memory grows linearly with the length; no 1024-token cap). ``eager``: the
+    #: model runs eager attention and each layer's whole maps are reduced (memory grows with the square).
+    #: ``auto``: blocked wherever the model computes attention through transformers' attention interface.
+    attention: Literal["auto", "blocked", "eager"] = "auto"
+    #: the implementation that computes the model's output under the blocked capture: ``sdpa``, ``eager``, or
+    #: another that transformers knows (``flash_attention_2`` on a GPU with flash-attn installed).
+    attention_base: str = Field("sdpa", pattern=r"^[A-Za-z0-9_]+$")
+    #: MiB of float32 scores and weights one block of query rows may hold (batch x heads x rows x T x 3).
+    attention_block_mb: int = Field(64, gt=0)
 
     @model_validator(mode="after")
     def _unique_selection(self) -> ExtractConfig:
@@ -292,7 +303,21 @@ class ClusterConfig(Section):
         return self
 
 
+class HeadClassThresholds(Section):
+    """explain.head_classes: the score a head's dataset mean must reach for each class
+    (rapids_attn/explain/head_classes.py; README, "Head classes")."""
+
+    #: mass on the first token (Gu et al. 2025's epsilon).
+    sink: float = Field(0.3, gt=0, le=1)
+    #: mass on the sink tokens and the recent window (rows that see beyond both).
+    streaming: float = Field(0.9, gt=0, le=1)
+    #: far induction mass (Wu et al. 2024's retrieval-score threshold).
+    retrieval: float = Field(0.1, gt=0, le=1)
+
+
 class ExplainConfig(Section):
+    #: thresholds of the long-context head classes written to head_classes.json.
+    head_classes: HeadClassThresholds = Field(default_factory=HeadClassThresholds)
     #: write report/index.html with its figures.
     report: bool = True
     #: exemplar thumbnails per cluster in the report (nearest to the centre first, then random members).

@@ -153,7 +153,9 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         print(f"warning: {w}", file=sys.stderr)
     first = data.read([0])[0] if len(data) else None  # one record: the tokenizer must know some of its words
     info = describe_model(
-        cfg.model, sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair)))
+        cfg.model,
+        sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair))),
+        attention=cfg.extract.attention,
     )
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)

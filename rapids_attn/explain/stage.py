@@ -100,6 +100,18 @@ class ExplainStage(Stage):
 
             place_heads(self._relevance, findings, arrays.head_detectors, heads_info)
             summary["relevance"] = self._relevance
+        from rapids_attn.explain import head_classes as HC
+
+        thresholds = self.explain_cfg.head_classes.model_dump()
+        rows = HC.classify(
+            HC.head_scores(g, arrays.head_detectors, list(findings.detectors.names)),
+            findings.layers,
+            findings.heads,
+            thresholds,
+        )
+        summary["head_classes"] = HC.write(
+            ctx.run_dir, rows, thresholds, summary["model"], summary["counts"]["examples"]
+        )
         S.create_array(
             g,
             S.HEAD_DETECTORS,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from rapids_attn.errors import ModelError
+from rapids_attn.extract.blocked import PREFIX as BLOCKED_PREFIX
 
 Sink = Callable[[int, torch.Tensor], None]  # (layer index, weights [batch, head, q, k])
 
@@ -57,9 +58,20 @@ class AttentionCapture:
             found = None  # e.g. cross-attention modules share the class: do not guess, fall back
         self.modules, self.index = found if found is not None else ([], 1)
         self.mode = "hooks" if self.modules else "output_attentions"
+        impl = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "")
+        if impl.startswith(BLOCKED_PREFIX):
+            if not self.modules:
+                raise ModelError(
+                    f"model.name: {type(model).__name__} declares no attention modules to capture blocked; "
+                    "set extract.attention: eager"
+                )
+            self.mode = "blocked"
 
     @torch.inference_mode()
     def run(self, batch: dict, sink: Sink) -> None:
+        if self.mode == "blocked":
+            self._run_blocked(batch, sink if hasattr(sink, "add_rows") else _Assembled(sink))
+            return
         if self.mode == "output_attentions":
             out = self.model(**batch, output_attentions=True)
             atts = getattr(out, "attentions", None)
@@ -98,3 +110,53 @@ class AttentionCapture:
                 f"model.name: captured attention from {len(seen)} of {self.n_layers} layers; "
                 "the model skipped layers or does not expose its attention"
             )
+
+    def _run_blocked(self, batch: dict, sink) -> None:
+        """The blocked attention function (:mod:`rapids_attn.extract.blocked`) hands each layer's rows to
+        ``sink`` as the layer runs: tell each attention module its layer and the sink for this forward."""
+        seen: list[int] = []
+
+        class _Counting:
+            def __getattr__(self, name):
+                return getattr(sink, name)
+
+            def end_layer(self, layer):
+                seen.append(layer)
+                sink.end_layer(layer)
+
+        counting = _Counting()
+        for i, m in enumerate(self.modules):
+            m._rapids_capture = (counting, i)
+        try:
+            self.model(**batch)
+        finally:
+            for m in self.modules:
+                m.__dict__.pop("_rapids_capture", None)
+        if sorted(seen) != list(range(self.n_layers)):
+            raise ModelError(
+                f"model.name: captured attention from {len(set(seen))} of {self.n_layers} layers; "
+                "the model skipped layers or does not call its attention function"
+            )
+
+
+class _Assembled:
+    """A plain ``sink(layer, weights)`` fed by the blocked path: the rows are put back into whole maps (for
+    small inputs only, such as the causality probe)."""
+
+    block_bytes = 1 << 26
+
+    def __init__(self, sink: Sink):
+        self.sink = sink
+        self.rows: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        self.head_list: list[int] | None = None
+
+    def wants(self, layer: int) -> bool:
+        return True
+
+    def add_rows(self, layer: int, block: torch.Tensor, first_row: int, selected: bool = False, **_rows) -> None:
+        self.rows.setdefault(layer, []).append((first_row, block))
+
+    def end_layer(self, layer: int) -> None:
+        parts = sorted(self.rows.pop(layer, []), key=lambda p: p[0])
+        if parts:
+            self.sink(layer, torch.cat([b for _, b in parts], dim=2))

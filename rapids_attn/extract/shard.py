@@ -110,7 +110,8 @@ class Extractor:
         dev = task.devices.on_this_worker()
         self.device = dev.device
         self.tokenizer = load_tokenizer(task.model)
-        self.model = load_model(task.model, self.device, dev.model_dtype)
+        ecfg = task.extract
+        self.model = load_model(task.model, self.device, dev.model_dtype, ecfg.attention, ecfg.attention_base)
         n_layers = self.model.config.num_hidden_layers
         self.capture = AttentionCapture(self.model, n_layers)
         self.embedder = build_embedder(task.embed, task.extract.image_size, self.device, dev.embed_precision)
@@ -150,6 +151,7 @@ class Extractor:
             self.layout.thumb_size,
             self.causal,
             self.device,
+            block_bytes=self.extract_cfg.attention_block_mb << 20,
         )
         with self.lock:
             self.capture.run(batch, reducer)
@@ -180,7 +182,9 @@ class Extractor:
         # "tokenize" includes reading the shard's rows from the input
         seconds = {"tokenize": time.perf_counter() - t0, "forward": 0.0, "embed": 0.0, "write": 0.0}
         ecfg = self.extract_cfg
-        for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size, ecfg.attention_budget):
+        # the blocked capture holds a block of rows, not a batch's whole maps: only the eager one needs the T^2 bound
+        att_budget = None if self.capture.mode == "blocked" else ecfg.attention_budget
+        for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size, att_budget):
             t1 = time.perf_counter()
             out = self.run_batch(**tok.batch(idx))
             t2 = time.perf_counter()

@@ -139,6 +139,7 @@ class ExtractStage(Stage):
                 "n_layers": m.n_layers,
                 "n_heads": m.n_heads,
                 "max_length": m.max_length,
+                "attention": m.attention,  # blocked or eager capture (extract.attention)
             }
             g = create_store(ctx.store_path, layout, ctx.job, ctx.key, meta)
         done = done_shards(g)

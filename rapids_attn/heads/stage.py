@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP
 from rapids_attn.stage import RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
 
@@ -209,7 +210,7 @@ class HeadsStage(Stage):
         self._examples = ctx.data.read(pos)
         self._metric = self.metric_name(ctx)
         self._metric_obj = metric_for(self._metric)
-        self._max_length = int(cfg.max_length or ctx.model.max_length)
+        self._max_length = int(cfg.max_length or min(ctx.model.max_length, DEFAULT_MAX_LENGTH_CAP))  # eager: T^2 memory
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
         n_workers = max(1, int(ctx.runtime.get("n_workers", 1)))
         size = max(1, math.ceil(len(pos) / (2 * n_workers)))

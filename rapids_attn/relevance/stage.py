@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP
 from rapids_attn.stage import RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
 
@@ -117,7 +118,7 @@ class RelevanceStage(Stage):
                 self.model_cfg,
                 ctx.devices.extract,
                 self.runtime_cfg.threads_per_worker,
-                int(cfg.max_length or ctx.model.max_length),
+                int(cfg.max_length or min(ctx.model.max_length, DEFAULT_MAX_LENGTH_CAP)),  # eager: T^2 memory
                 cfg.batch_size,
                 tuple(sh),
                 methods,

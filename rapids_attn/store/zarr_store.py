@@ -58,6 +58,8 @@ class StoreLayout:
             "induction_head",
             "duplicate_token_cond",
             "induction_cond",
+            "streaming",
+            "retrieval",
         ]
     )
     #: extra per-map outputs of the embedder (name -> dtype), e.g. pattern and pattern_prob.

@@ -126,7 +126,7 @@ def make_extractor(tmp_path, model_dir):
 @pytest.mark.parametrize("model,causal", [("tiny_bert_dir", False), ("tiny_gpt2_dir", True), ("tiny_llama_dir", True)])
 def test_probe_causal(request, tmp_path, model, causal):
     ex = make_extractor(tmp_path, request.getfixturevalue(model))
-    assert ex.capture.mode == "hooks"
+    assert ex.capture.mode == "blocked"  # extract.attention: auto, and each of these models supports it
     assert ex.causal is causal
     assert ex._probe_causal() is causal
 

@@ -258,7 +258,8 @@ def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
                 ref = plain_stats(crop[None].contiguous(), masks.sep[b, :n], masks.punct[b, :n], False)[0]
                 torch.testing.assert_close(red.stats[b, pos, k], ref, rtol=1e-5, atol=1e-6)
                 det = reference_detectors(crop[None], ids[b, :n])[0]
-                torch.testing.assert_close(red.detectors[b, pos, k], det, rtol=1e-5, atol=1e-6, equal_nan=True)
+                torch.testing.assert_close(red.detectors[b, pos, k, :5], det, rtol=1e-5, atol=1e-6, equal_nan=True)
+                assert torch.isnan(red.detectors[b, pos, k, 5:]).all()  # too short for the long-context classes
     assert red.images.shape == (2, 2, 2, 4, 4) and red.stats.shape == (2, 2, 2, len(STAT_NAMES))
 
 
@@ -452,3 +453,40 @@ def test_signature_of_the_shortest_maps(n, causal):
     torch.testing.assert_close(det, reference_detectors(a, ids), rtol=1e-5, atol=1e-6, equal_nan=True)
     assert torch.isnan(det[:, 3:]).all() == (n == 1)  # the conditional scores: no row has a target at n = 1
     assert not torch.isnan(det[:, :3]).any()  # TransformerLens's: 0 there
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_context_detectors_match_their_plain_definitions(causal):
+    """streaming and retrieval (rapids_attn.extract.maps) on maps longer than the sink and the recent window,
+    whole and in blocks of rows, against the plain references; and what each is high on."""
+    from rapids_attn.extract.maps import RECENT_WINDOW, SINK_TOKENS, retrieval_score, streaming_score
+
+    g = torch.Generator().manual_seed(5)
+    n, h = 2 * RECENT_WINDOW + 37, 3
+    ids = torch.randint(3, 40, (n,), generator=g)
+    ids[100:110] = ids[5:15]  # a copied span far back: induction targets beyond the window
+    scores = torch.randn(h, n, n, generator=g)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    scores[0] += 8.0 * ((j < SINK_TOKENS) | ((i - j).abs() < 8))  # head 0 streams
+    ind = torch.zeros(n, n, dtype=torch.bool)
+    ind[:, 1:] = (ids[:, None] == ids[None, :-1]) & (j[:, 1:] <= i)
+    scores[1] += 12.0 * (ind & (i - j >= RECENT_WINDOW))  # head 1 retrieves
+    if causal:
+        scores = scores.masked_fill(j > i, float("-inf"))
+    a = torch.softmax(scores, -1)
+    masks = TokenMasks.from_ids(ids[None], torch.tensor([1]), torch.tensor([2]))
+    whole = LayerReducer([n], masks, [0], [0, 1, 2], 8, 0, causal, "cpu")
+    whole(0, a[None])
+    blocks = LayerReducer([n], masks, [0], [0, 1, 2], 8, 0, causal, "cpu", block_bytes=1)
+    for r0 in reversed(range(0, n, 13)):  # blocks of 13 rows, in any order
+        blocks.add_rows(0, a[None, :, r0 : r0 + 13], r0)
+    blocks.end_layer(0)
+    stream, retr = streaming_score(a, causal), retrieval_score(a, ids)
+    for red in (whole, blocks):
+        torch.testing.assert_close(red.detectors[0, 0, :, 5], stream, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(red.detectors[0, 0, :, 6], retr, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(red.detectors[0, 0, :, :5], reference_detectors(a, ids), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            red.stats[0, 0], plain_stats(a, masks.sep[0], masks.punct[0], causal), rtol=1e-5, atol=1e-5
+        )
+    assert stream[0] > 0.9 > stream[2] and retr[1] > 0.5 > retr[2]

@@ -25,18 +25,26 @@ EXAMPLES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["tiny_bert_dir", "tiny_gpt2_dir", "tiny_llama_dir"])
+@pytest.fixture(
+    scope="module",
+    params=[(m, a) for m in ("tiny_bert_dir", "tiny_gpt2_dir", "tiny_llama_dir") for a in ("blocked", "eager")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def extractor(request, tmp_path_factory):
+    """An extractor under each capture (extract.attention), with ``reference``: the same weights under eager
+    attention, whose ``output_attentions`` maps the tests compare against."""
+    from rapids_attn.extract.model import load_model
     from rapids_attn.extract.shard import Extractor, ShardTask
     from rapids_attn.job import JobConfig
 
-    model_dir = request.getfixturevalue(request.param)
+    model_name, attention = request.param
+    model_dir = request.getfixturevalue(model_name)
     tmp = tmp_path_factory.mktemp("inv")
     data = write_jsonl(
         tmp / "d.jsonl",
         [{"id": e.id, "question": e.text, "context": e.text_pair, "topic": "t", "answerable": True} for e in EXAMPLES],
     )
-    job = make_job(tmp, model_dir, data, extract={"image_size": 16, "thumbnail_size": 4})
+    job = make_job(tmp, model_dir, data, extract={"image_size": 16, "thumbnail_size": 4, "attention": attention})
     layout = StoreLayout(
         n_examples=len(EXAMPLES),
         layers=[0, 1],
@@ -47,8 +55,11 @@ def extractor(request, tmp_path_factory):
         shard_size=6,
         stat_names=list(STAT_NAMES),
     )
-    ex = Extractor(ShardTask.from_job(JobConfig.model_validate(job), layout, max_length=128))
-    ex.test_name = request.param
+    task = ShardTask.from_job(JobConfig.model_validate(job), layout, max_length=128)
+    ex = Extractor(task)
+    assert ex.capture.mode == ("blocked" if attention == "blocked" else "hooks")
+    ex.test_name = model_name
+    ex.reference = ex.model if attention == "eager" else load_model(task.model, "cpu", "float32", "eager")
     return ex
 
 
@@ -87,7 +98,7 @@ def test_order_in_the_batch_does_not_matter(extractor, ids):
 def test_padding_never_enters_a_map(extractor, ids):
     """The padded member's image is the resize of its [:n, :n] crop, its stats are those of the crop,
     and (to show the test has teeth) the uncropped padded map would have given different stats."""
-    model, tok = extractor.model, extractor.tokenizer
+    model, tok = extractor.reference, extractor.tokenizer
     out = extractor.run_batch(ids)
     enc = tok.pad({"input_ids": ids}, padding=True, return_tensors="pt")
     atts = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True).attentions
@@ -112,7 +123,7 @@ def test_short_example_image_is_resize_of_its_crop_alone(extractor, ids):
     """run_batch on a single example: image == area_resize of the model's own map of that example."""
     x = ids[-1]
     with torch.inference_mode():
-        att = extractor.model(input_ids=torch.tensor([x]), output_attentions=True).attentions
+        att = extractor.reference(input_ids=torch.tensor([x]), output_attentions=True).attentions
     out = extractor.run_batch([x])
     for layer in (0, 1):
         assert torch.allclose(out["images"][0, layer], area_resize(att[layer][0], 16), atol=ATOL)

@@ -1,0 +1,114 @@
+"""The head classes of the long-context literature, over the dataset, and ``head_classes.json``: a per-head
+label file a KV-cache or pruning tool can read.
+
+Each head's scores are means over the examples that define them (extract.maps):
+
+- ``sink``: the mass on the first token, averaged over rows (the ``first`` statistic). Gu et al. 2025 ("When
+  Attention Sink Emerges in Language Models") count a head as a sink head when this exceeds 0.3.
+- ``streaming``: the mass on the first ``SINK_TOKENS`` tokens and the ``RECENT_WINDOW`` most recent ones,
+  over the rows that can see beyond both (StreamingLLM; DuoAttention's streaming heads keep only those
+  in their KV cache). Undefined on inputs too short to have such rows.
+- ``retrieval``: the induction mass at least ``RECENT_WINDOW`` tokens back (attention to the token after an
+  earlier copy of the query's token: what a head copying from far context reads), over the mass of the rows
+  that have such a target. Wu et al. 2024 ("Retrieval Head Mechanistically Explains Long-Context
+  Factuality") call a head a retrieval head when its copy-paste score exceeds 0.1; theirs counts argmax
+  copies during generation, ours is its attention-mass analogue over the dataset's own repeats.
+
+A head takes the first class, in the order retrieval, streaming, sink, whose score reaches its threshold
+(``explain.head_classes``), else ``other``: a retrieval head needs its full KV cache whatever else it does,
+a streaming head only the sink and the window, and a sink head that is not streaming still reads the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from rapids_attn.store import schema as S
+
+FILE = "head_classes.json"
+ORDER = ("retrieval", "streaming", "sink")
+
+
+def head_scores(g, detectors: np.ndarray, detector_names: list[str]) -> dict[str, np.ndarray]:
+    """[layer, head] means of the three scores: ``detectors`` is the explain stage's per-head detector means
+    ([layer, head, detector]); the sink score is the per-head mean of the ``first`` statistic."""
+    k = [str(x) for x in g[S.STAT][:]].index("first")
+    stats = g[S.STATS]
+    e = stats.shape[0]
+    total = np.zeros(stats.shape[1:3])
+    count = np.zeros(stats.shape[1:3])
+    step = max(1, stats.chunks[0])
+    for a in range(0, e, step):
+        v = np.asarray(stats[a : a + step, :, :, k], np.float64)
+        total += np.nansum(v, axis=0)
+        count += (~np.isnan(v)).sum(0)
+    with np.errstate(invalid="ignore"):
+        sink = total / count
+    out = {"sink": sink}
+    for name in ("streaming", "retrieval"):
+        out[name] = (
+            np.asarray(detectors[..., detector_names.index(name)], np.float64)
+            if name in detector_names
+            else np.full(sink.shape, np.nan)
+        )
+    return out
+
+
+def classify(scores: dict[str, np.ndarray], layers, heads, thresholds: dict[str, float]) -> list[dict]:
+    """One entry per head: layer, head (the model's indices), class, the class's score (the highest of the
+    three relative to its threshold for ``other``), and every score (None where undefined)."""
+    rows = []
+    for i, layer in enumerate(layers):
+        for j, head in enumerate(heads):
+            sc = {name: float(scores[name][i, j]) for name in ORDER}
+            cls = next((c for c in ORDER if np.isfinite(sc[c]) and sc[c] >= thresholds[c]), "other")
+            if cls == "other":
+                finite = [c for c in ORDER if np.isfinite(sc[c])]
+                near = max(finite, key=lambda c: sc[c] / thresholds[c]) if finite else None
+                score = sc[near] if near else None
+            else:
+                score = sc[cls]
+            rows.append(
+                {
+                    "layer": int(layer),
+                    "head": int(head),
+                    "class": cls,
+                    "score": None if score is None else round(score, 4),
+                    "scores": {c: (round(v, 4) if np.isfinite(v) else None) for c, v in sc.items()},
+                }
+            )
+    return rows
+
+
+def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: dict, examples: int) -> dict:
+    """Write ``run_dir/head_classes.json`` (atomically) and return the summary's entry: counts per class."""
+    from rapids_attn.extract.maps import RECENT_WINDOW, SINK_TOKENS
+
+    doc = {
+        "model": model.get("name"),
+        "source": model.get("source"),
+        "examples": int(examples),
+        "definitions": {
+            "sink": "mean over rows of the attention on the first token (Gu et al. 2025)",
+            "streaming": f"mean over rows that see beyond both of the attention on the first {SINK_TOKENS} tokens "
+            f"and the {RECENT_WINDOW} most recent",
+            "retrieval": f"attention on the token after an earlier copy of the query's token, {RECENT_WINDOW} "
+            "or more tokens back, over the mass of the rows that have such a target",
+            "order": "a head takes the first of retrieval, streaming, sink whose score reaches its threshold",
+        },
+        "thresholds": dict(thresholds),
+        "sink_tokens": SINK_TOKENS,
+        "recent_window": RECENT_WINDOW,
+        "heads": rows,
+    }
+    path = Path(run_dir) / FILE
+    part = path.with_name(FILE + ".part")
+    part.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    os.replace(part, path)
+    counts = {c: sum(r["class"] == c for r in rows) for c in (*ORDER, "other")}
+    undefined = {c: sum(r["scores"][c] is None for r in rows) for c in ORDER}
+    return {"path": str(path), "thresholds": dict(thresholds), "counts": counts, "undefined": undefined}

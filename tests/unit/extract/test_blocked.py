@@ -1,0 +1,158 @@
+"""The blocked capture (rapids_attn/extract/blocked.py) against the eager path: the same images, statistics,
+offset profiles and detectors within 1e-5, and the model's own output unchanged, on tiny BERT, GPT-2, Llama
+(grouped-query attention) and Mistral (a sliding window) models built here, with padding, blocks of a few rows
+and a subset of heads."""
+
+import copy
+
+import pytest
+import torch
+
+from rapids_attn.extract.blocked import block_rows, register
+from rapids_attn.extract.capture import AttentionCapture
+from rapids_attn.extract.maps import LayerReducer, TokenMasks
+
+VOCAB = 97
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+
+    return BertModel, BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=160,
+    )
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2Model
+
+    return GPT2Model, GPT2Config(vocab_size=VOCAB, n_positions=160, n_embd=32, n_layer=2, n_head=4)
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    return LlamaModel, LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=160,
+    )
+
+
+def _mistral():
+    from transformers import MistralConfig, MistralModel
+
+    return MistralModel, MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=160,
+        sliding_window=5,
+    )
+
+
+MODELS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral}
+
+
+def _models(kind: str):
+    cls, cfg = MODELS[kind]()
+    torch.manual_seed(0)
+    eager = cls._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    blocked = cls._from_config(copy.deepcopy(cfg), attn_implementation=register("sdpa")).eval()
+    blocked.load_state_dict(eager.state_dict())
+    sdpa = cls._from_config(copy.deepcopy(cfg), attn_implementation="sdpa").eval()
+    sdpa.load_state_dict(eager.state_dict())
+    return eager, blocked, sdpa, cfg
+
+
+def _batch(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = max(lengths)
+    ids = torch.randint(3, 12, (len(lengths), t), generator=g)  # a small alphabet: repeated tokens, detectors
+    mask = torch.zeros(len(lengths), t, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+        ids[b, n:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _reduce(model, batch, lengths, heads, causal, block_bytes):
+    masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
+    red = LayerReducer(lengths, masks, [0, 1], heads, 8, 4, causal, "cpu", block_bytes=block_bytes)
+    AttentionCapture(model, 2).run(batch, red)
+    return red
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("heads", [[0, 1, 2, 3], [3, 1]])
+def test_blocked_equals_eager(kind, heads):
+    eager, blocked, sdpa, _ = _models(kind)
+    causal = kind != "bert"
+    lengths = [23, 17, 9, 1]
+    batch = _batch(lengths)
+    ref = _reduce(eager, batch, lengths, heads, causal, 1 << 26)
+    # 3 rows per block for 4 examples of 23 keys: many blocks, and blocks that end inside an example's rows
+    rows = 3
+    budget = rows * (4 * len(heads) * 23 * 4 * 3 + 23 * 4 * 6)
+    assert block_rows(4, len(heads), 23, budget) == rows
+    got = _reduce(blocked, batch, lengths, heads, causal, budget)
+    for name in ("images", "thumbs", "stats", "profile", "detectors"):
+        torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
+    # the model's own output is the base implementation's (SDPA), untouched by the capture
+    with torch.inference_mode():
+        want = sdpa(**batch).last_hidden_state
+        out = blocked(**batch).last_hidden_state
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_blocked_equals_eager_past_the_recent_window(kind):
+    """Inputs longer than the sink and the recent window, so the streaming and retrieval detectors are
+    defined (the token ids repeat: far copies exist)."""
+    eager, blocked, _, _ = _models(kind)
+    lengths = [150, 97]
+    batch = _batch(lengths, seed=1)
+    ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], True, 1 << 26)
+    got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], True, 1 << 16)
+    assert torch.isfinite(ref.detectors).all()
+    for name in ("images", "stats", "profile", "detectors"):
+        torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sliding_window_is_in_the_maps():
+    """Mistral's window of 5: no map puts mass more than 4 tokens back, in the eager and the blocked path."""
+    eager, blocked, _, cfg = _models("mistral")
+    lengths = [20]
+    batch = _batch(lengths)
+    red = _reduce(blocked, batch, lengths, [0, 1, 2, 3], True, 1 << 10)
+    seen = []
+    AttentionCapture(eager, 2).run(batch, lambda layer, w: seen.append(w))
+    w = seen[0][0]
+    far = torch.tril(torch.ones(20, 20, dtype=torch.bool), diagonal=-cfg.sliding_window)
+    assert float(w[:, far].abs().max()) == 0.0 and float(w[:, ~far].sum()) > 0
+    assert float(red.profile[0, :, :, 0].abs().max()) > 0  # offset -4 is inside the window: seen
+
+
+def test_a_plain_sink_gets_whole_maps_from_the_blocked_path():
+    eager, blocked, _, _ = _models("llama")
+    batch = _batch([7, 5])
+    a, b = [], []
+    AttentionCapture(eager, 2).run(batch, lambda layer, w: a.append((layer, w)))
+    AttentionCapture(blocked, 2).run(batch, lambda layer, w: b.append((layer, w)))
+    assert [x for x, _ in a] == [x for x, _ in b] == [0, 1]
+    for (_, wa), (_, wb) in zip(a, b, strict=True):
+        torch.testing.assert_close(wb[0], wa[0], rtol=1e-5, atol=1e-6)  # the unpadded example, every row
+        torch.testing.assert_close(wb[1, :, :5, :5], wa[1, :, :5, :5], rtol=1e-5, atol=1e-6)
