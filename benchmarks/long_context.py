@@ -129,14 +129,14 @@ def main(argv=None) -> int:
                 continue
             cmd = [sys.executable, "-m", "benchmarks.long_context", "--one", att, str(n), "--device", args.device]
             cmd += ["--repeat", str(args.repeat)]
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run(cmd, check=False, capture_output=True, text=True)
             if out.returncode != 0:
                 last = (out.stderr.strip().splitlines() or ["?"])[-1][:80]
                 row[att] = {"skipped": f"failed (exit {out.returncode}: {last})"}
                 continue
             row[att] = json.loads(out.stdout.strip().splitlines()[-1])
 
-        def cell(att, key, fmt):
+        def cell(att, key, fmt, row=row):
             r = row[att]
             return r["skipped"] if "skipped" in r else format(r[key], fmt)
 
