@@ -33,7 +33,7 @@ MARKER = ".rapids_attn"
 TOOL = "rapids_attn"
 JOB_YAML = "job.yaml"
 #: every name rapids_attn writes at the top of a run directory (the stages write under these)
-OUTPUTS = ("store.zarr", JOB_YAML, "summary.json", "maps.parquet", "report")
+OUTPUTS = ("store.zarr", JOB_YAML, "summary.json", "maps.parquet", "head_classes.json", "report")
 #: the outputs, their temporaries (written, then renamed into place), the marker and the lock
 OWN_NAMES = frozenset({*OUTPUTS, *(n + ".tmp" for n in OUTPUTS), MARKER, MARKER + ".tmp", LOCK_NAME})
 
@@ -139,7 +139,7 @@ def _empty_dir(p: Path) -> bool:
 
 
 #: what the explain stage writes from the store: it describes the store as it was when explain last ran
-EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "report")
+EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "head_classes.json", "report")
 
 
 def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:

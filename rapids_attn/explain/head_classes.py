@@ -106,7 +106,7 @@ def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: 
         "heads": rows,
     }
     path = Path(run_dir) / FILE
-    part = path.with_name(FILE + ".part")
+    part = path.with_name(FILE + ".tmp")
     part.write_text(json.dumps(doc, indent=1), encoding="utf-8")
     os.replace(part, path)
     counts = {c: sum(r["class"] == c for r in rows) for c in (*ORDER, "other")}

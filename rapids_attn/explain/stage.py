@@ -182,6 +182,7 @@ class ExplainStage(Stage):
         from rapids_attn.explain.explorer import FILE, sample_maps, write_explorer
 
         out = ctx.run_dir / "report" / FILE
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.unlink(missing_ok=True)
         if not self.explain_cfg.explorer:
             return

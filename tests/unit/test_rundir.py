@@ -174,7 +174,7 @@ def test_a_rerun_that_changes_the_store_removes_the_stale_explain_outputs(capsys
     capsys.readouterr()
     assert main([str(job_path), "--stages", "learn"]) == 0
     err = capsys.readouterr().err
-    assert "removed the earlier summary.json, maps.parquet, report" in err
+    assert "removed the earlier summary.json, maps.parquet, head_classes.json, report" in err
     assert not {"summary.json", "maps.parquet", "report"} & {p.name for p in run.iterdir()}
     assert (run / "notes.txt").read_text() == "mine" and (run / "store.zarr").is_dir()
     assert main([str(job_path), "--stages", "explain"]) == 0  # the fix it names
