@@ -232,6 +232,7 @@ def case_capture(spec: dict) -> dict:
 
     run_dir = Path(tempfile.mkdtemp(prefix="bench-cap-"))
     cfg = _job(spec, run_dir)
+    cfg.extract.attention = "eager"  # both modes compared here hold eager maps (hooks, output_attentions)
     plan = preflight(cfg, ("extract",)).ctx
     ex = Extractor(ShardTask.from_job(cfg, plan.layout, plan.model.max_length))
     if spec["mode"] == "output_attentions":
