@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from rapids_attn.extract.maps import SoftmaxRows
+
 PREFIX = "rapids_blocked_"
 _REGISTERED: set[str] = set()
 
@@ -115,7 +117,16 @@ def _mask_rows(scores, mask, r0: int, q_len: int, kv_len: int, causal: bool, sli
 def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: int, kwargs: dict) -> None:
     """Hand one layer's attention weights to ``sink`` as blocks of query rows (``sink.add_rows``), with each
     row's entropy and maximum from the softmax's own normaliser: with ``z = sum_j exp(s_j - max s)``, the
-    row's maximum weight is 1 / z and its entropy log z + max s - sum_j p_j s_j."""
+    row's maximum weight is 1 / z and its entropy ``log z + max s - sum_j p_j s_j``.
+
+    Where nothing but the mask changes the scores (no soft-capping, a boolean, 2-D or absent mask), the
+    work per block is kept to the few passes a softmax needs:
+
+    - a causal block of rows ``r0 .. r1`` reads keys ``0 .. r1`` only (the rest are hidden): half the work;
+    - the causal mask is applied to the block's last ``r1 - r0`` keys, the only ones it hides;
+    - ``sum_j p_j s_j = q . (sum_j p_j k_j)``: one [rows, T] x [T, d] product instead of two passes over the
+      block, so the scores are turned into weights in place.
+    """
     n_q_heads, q_len, head_dim = query.shape[1], query.shape[2], query.shape[3]
     heads = sink.head_list if sink.head_list is not None else list(range(n_q_heads))
     kv_len = key.shape[2]
@@ -123,37 +134,104 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     idx = torch.tensor(heads, device=query.device)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(head_dim)
     q = query.index_select(1, idx).float() * scale
-    k_t = key.index_select(1, torch.div(idx, rep, rounding_mode="floor")).float().transpose(-1, -2)
+    k = key.index_select(1, torch.div(idx, rep, rounding_mode="floor")).float()  # [b, h, kv, d]
+    # [b, h, d, kv] as a view: BLAS takes it as a transposed operand, about twice as fast on the CPU as a copy
+    k_t = k.transpose(-1, -2)
     softcap = kwargs.get("softcap")
     sinks = kwargs.get("s_aux")
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", False))) and q_len > 1
     window = kwargs.get("sliding_window")
+    mask = attention_mask
+    # the scores are q . k alone (a boolean mask hides keys, it adds nothing): the fast path
+    plain = not softcap and (mask is None or mask.dtype == torch.bool or mask.dim() == 2)
+    past = kv_len - q_len  # keys before the first query row (a cache); 0 in a capture's forward
     rows = block_rows(query.shape[0], len(heads), kv_len, sink.block_bytes)
+    if causal and plain:  # the blocks read about half the keys on average: twice the rows in the same bytes
+        rows = min(2 * rows, q_len)
+    sk = sinks.float().index_select(0, idx).reshape(1, -1, 1, 1) if sinks is not None else None
+    numerators = bool(getattr(sink, "takes_numerators", False))  # LayerReducer: see SoftmaxRows
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)
-        s = torch.matmul(q[:, :, r0:r1], k_t)  # [b, h, rows, kv]
-        if softcap:
-            s = torch.tanh(s / softcap) * softcap
-        hide = _mask_rows(s, attention_mask, r0, q_len, kv_len, causal, window)
+        kv = min(kv_len, r1 + past) if causal and plain else kv_len  # keys these rows can see
+        s = torch.matmul(q[:, :, r0:r1], k_t[..., :kv])  # [b, h, rows, kv]
+        if plain:
+            hide = _mask_block(s, mask, r0, past, causal, window)
+        else:
+            if softcap:
+                s = torch.tanh(s / softcap) * softcap
+            hide = _mask_rows(s, mask, r0, q_len, kv_len, causal, window)
         top = s.amax(-1, keepdim=True)
-        if sinks is not None:  # the sink logit is one more term of the softmax's denominator
-            sk = sinks.float().index_select(0, idx).reshape(1, -1, 1, 1)
+        if sk is not None:  # the sink logit is one more term of the softmax's denominator
             top = torch.maximum(top, sk)
-        # one temporary (s is kept for the entropy). exp runs several times slower on inputs that underflow, so
-        # they stop at -80 (exp: 2e-35) and the hidden keys are zeroed after
-        w = torch.exp((s - top).clamp_(min=-80.0))
-        if hide is not None:
-            w.masked_fill_(hide, 0.0)
+        if plain:
+            # in place: exp runs several times slower on inputs that underflow, so they stop at -80 (exp:
+            # 2e-35) and the hidden keys are zeroed after
+            w = s.sub_(top).clamp_(min=-80.0).exp_()
+        else:  # s is kept for the entropy
+            w = torch.exp((s - top).clamp_(min=-80.0))
+        _zero_hidden(w, hide)
+        if plain and sk is None and numerators:  # the reducer divides by the row sums it takes from its product
+            sink.add_rows(layer, w, r0, selected=True, softmax=SoftmaxRows(top[..., 0], q[:, :, r0:r1], k))
+            del s, w
+            continue
         z = w.sum(-1, keepdim=True)
-        if sinks is not None:
+        if sk is not None:
             z = z + torch.exp(sk - top)
-        w.div_(z)
-        if sinks is None:
-            entropy = (torch.log(z) + top - (w * s).sum(-1, keepdim=True)).squeeze(-1)
-            sink.add_rows(layer, w, r0, selected=True, row_entropy=entropy, row_max=(1.0 / z).squeeze(-1))
-        else:  # the keys' weights do not sum to 1: the reducer reads entropy and maximum off the weights
+        if sk is not None:  # the keys' weights do not sum to 1: the reducer reads entropy and maximum off them
+            w.div_(z)
             sink.add_rows(layer, w, r0, selected=True)
+        else:
+            if plain:  # sum_j p_j s_j = q . sum_j p_j k_j, before w is normalised
+                ps = (torch.matmul(w, k[:, :, :kv]) * q[:, :, r0:r1]).sum(-1, keepdim=True) / z
+                w.div_(z)
+            else:
+                w.div_(z)
+                ps = (w * s).sum(-1, keepdim=True)
+            entropy = (torch.log(z) + top - ps).squeeze(-1)
+            sink.add_rows(layer, w, r0, selected=True, row_entropy=entropy, row_max=(1.0 / z).squeeze(-1))
         del s, w
+
+
+def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):
+    """The fast path's mask of query rows r0.. of ``scores`` [batch, head, rows, kv] (a causal block's keys
+    stop at its last row): a boolean 4-D mask, a 2-D padding mask, or None with ``causal`` and a sliding
+    window. Fills hidden scores with MASKED; returns what :func:`_zero_hidden` needs after the exp: a boolean
+    tensor broadcasting against the block, ``("diag", first key)`` when only the causal triangle of the last
+    keys is hidden, or None."""
+    rows, kv, dev = scores.shape[2], scores.shape[3], scores.device
+    if mask is not None and mask.dim() == 4:
+        hide = ~mask[:, :, r0 : r0 + rows, :kv].to(dev)
+        scores.masked_fill_(hide, MASKED)
+        return hide
+    hide = None
+    if causal and (window or (mask is not None and mask.dim() == 2)):
+        i = torch.arange(r0, r0 + rows, device=dev)[:, None] + past
+        j = torch.arange(kv, device=dev)[None, :]
+        hide = j > i
+        if window:
+            hide |= j <= i - int(window)
+    if mask is not None and mask.dim() == 2:  # [batch, kv_len] padding, 1 = a real token
+        pad = ~mask[:, None, None, :kv].to(device=dev, dtype=torch.bool)
+        hide = pad if hide is None else (hide[None, None] | pad)
+    if hide is not None:
+        scores.masked_fill_(hide, MASKED)
+        return hide
+    if causal:  # keys r0 + past .. kv - 1 hold the triangle: row r0 + a hides keys past its own
+        k0 = r0 + past
+        tri = torch.ones(rows, kv - k0, dtype=torch.bool, device=dev).triu_(1)
+        scores[..., k0:].masked_fill_(tri, MASKED)
+        return ("diag", k0, tri)
+    return None
+
+
+def _zero_hidden(w, hide) -> None:
+    if hide is None:
+        return
+    if isinstance(hide, tuple):
+        _, k0, tri = hide
+        w[..., k0:].masked_fill_(tri, 0.0)
+    else:
+        w.masked_fill_(hide, 0.0)
 
 
 def block_rows(batch: int, heads: int, kv_len: int, budget_bytes: int) -> int:

@@ -329,6 +329,17 @@ def area_resize(a: torch.Tensor, size: int) -> torch.Tensor:
     return r @ a.float() @ r.T
 
 
+@dataclass
+class SoftmaxRows:
+    """What :meth:`LayerReducer.add_rows` needs to finish a block of softmax numerators ``exp(s_ij - top_i)``
+    with ``s_ij = q_i . k_j``: ``top`` [batch, head, rows], the block's ``queries`` [batch, head, rows, d] (scaled
+    as the scores are) and the layer's ``keys`` [batch, head, kv, d] (one per reducer head)."""
+
+    top: torch.Tensor
+    queries: torch.Tensor
+    keys: torch.Tensor
+
+
 class LayerReducer:
     """Turns one layer's batch of attention weights into images, thumbnails and stats.
 
@@ -387,6 +398,9 @@ class LayerReducer:
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
 
+    #: add_rows takes a block of softmax numerators with SoftmaxRows (the blocked capture's fast path)
+    takes_numerators = True
+
     def wants(self, layer: int) -> bool:
         return layer in self.layer_pos
 
@@ -435,11 +449,20 @@ class LayerReducer:
         selected: bool = False,
         row_entropy: torch.Tensor | None = None,
         row_max: torch.Tensor | None = None,
+        softmax: SoftmaxRows | None = None,
     ) -> None:
-        """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, T]
+        """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, K]
         (the reducer's heads only when ``selected``, else every head). Rows past an example's length and keys
-        past it are never read, so padding never enters a map. ``row_entropy`` and ``row_max`` [batch, head,
-        rows], when the caller has them from its softmax, spare a pass over the block each."""
+        past it are never read, so padding never enters a map. ``K`` may stop short of the batch's length:
+        the keys after it have no weight (a causal block of rows reads the keys up to its last row only).
+        ``row_entropy`` and ``row_max`` [batch, head, rows], when the caller has them from its softmax, spare
+        a pass over the block each.
+
+        With ``softmax`` (:class:`SoftmaxRows`), ``block`` holds the softmax's numerators ``exp(s_ij - top_i)``,
+        not yet divided by their row sums ``z_i``: the one product over the block that the image needs also
+        gives ``z_i`` (the key columns' mass) and ``sum_j exp(s_ij - top_i) k_j``, hence each row's entropy
+        ``log z_i + top_i - q_i . sum_j p_ij k_j``, and every sum is scaled by ``1 / z_i`` after. That spares
+        the caller three passes over the block (the row sums, the division, the entropy's product)."""
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
@@ -452,39 +475,57 @@ class LayerReducer:
             m = min(r0 + w.shape[2], n) - r0
             if m <= 0:
                 continue
-            c = w[b, :, :m, :n].float()  # [head, m, n]: rows r0 .. r0 + m - 1 of the cropped map
+            kw = min(w.shape[3], n)  # the keys the block holds; any after them have no weight
+            c = w[b, :, :m, :kw].float()  # [head, m, kw]: rows r0 .. r0 + m - 1 of the cropped map
             dev = c.device
             sw, right = self._example(b, n, dev)
-            both = c @ right  # [head, m, S + 5]: the resize's first product, the key columns and sum_j a_ij j
+            inv = None
+            if softmax is None:
+                # [head, m, S + 5]: the resize's first product, the key columns and sum_j a_ij j. A batched
+                # product over heads (the right-hand side broadcast) runs about twice as fast on the CPU as one
+                # [head x m, kw] x [kw, S + 5] product: a right-hand side this narrow is a poor GEMM shape
+                both = torch.bmm(c, right[:kw].expand(c.shape[0], -1, -1))
+            else:  # numerators: the same product with each head's keys beside, then divided by the row sums
+                full = torch.bmm(c, acc.right_with_keys(b, right, softmax.keys[b, :, :n])[:, :kw])
+                z = full[..., s + _K["mass"]]  # [head, m]
+                inv = 1.0 / z
+                dot = (full[..., s + 5 :] * softmax.queries[b, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
+                row_entropy = (torch.log(z) + softmax.top[b, :, :m].float() - dot)[None]
+                row_max = inv[None]
+                both = full[..., : s + 5] * inv[..., None]
             keys = both[..., s : s + 4]
             acc.keys[b] += keys.sum(1)
             # the image R @ a @ R.T takes these rows' share through R's columns r0 .. r0 + m - 1
             acc.image[b] += right[r0 : r0 + m, :s].T @ both[..., :s]
+            bi = b if softmax is None else 0
             if row_entropy is None:
                 ent = -(c * torch.log(c.clamp_min(1e-30))).sum(-1)  # [head, m]
             else:
-                ent = row_entropy[b, :, :m].float()
+                ent = row_entropy[bi, :, :m].float()
             acc.entropy[b] += ent.sum(-1)
             lo = max(sw.first_valid - r0, 0)  # rows that see more than one key: normalised entropy
             if lo < m:
                 seen = sw.log_seen[r0 + lo - sw.first_valid : r0 + m - sw.first_valid]
                 acc.entropy_norm[b] += (ent[:, lo:] / seen).sum(-1)
-            acc.row_max[b] += (c.amax(-1) if row_max is None else row_max[b, :, :m].float()).sum(-1)
+            acc.row_max[b] += (c.amax(-1) if row_max is None else row_max[bi, :, :m].float()).sum(-1)
             rows = torch.arange(r0, r0 + m, device=dev)
             # a[i, i + o] for every offset of the profile (self, prev and next among them)
             at = rows[:, None] + self._offsets.to(dev)[None, :]  # [m, offsets]
-            valid = (at >= 0) & (at < n)
-            got = c.gather(-1, at.clamp(0, n - 1).expand(c.shape[0], -1, -1))  # [head, m, offsets]
+            valid = (at >= 0) & (at < kw)
+            got = c.gather(-1, at.clamp(0, kw - 1).expand(c.shape[0], -1, -1))  # [head, m, offsets]
+            if inv is not None:
+                got = got * inv[..., None]
             acc.diagonal[b] += (got * valid).sum(1)
             mass = keys[..., _K["mass"]]  # [head, m]: each row's mass
             if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
                 acc.distance[b] += (rows.float() * mass - both[..., s + 4]).sum(-1)
             else:
-                acc.distance[b] += torch.bmm(c.transpose(0, 1), self._distance_rows(b, n, r0, m, dev)).sum((0, 2))
-            self._streaming(acc, b, c, rows, n, mass)
-            self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass)
+                d = torch.bmm(c.transpose(0, 1), self._distance_rows(b, kw, r0, m, dev))[..., 0]  # [m, head]
+                acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
+            self._streaming(acc, b, c, rows, n, mass, inv)
+            self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv)
 
-    def _streaming(self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor) -> None:
+    def _streaming(self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
         gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both."""
         w = RECENT_WINDOW
@@ -492,20 +533,28 @@ class LayerReducer:
             beyond = rows >= SINK_TOKENS + w
         else:
             beyond = (rows >= SINK_TOKENS + w) | (rows + w <= n - 1)
-        if not bool(beyond.any()):
+        n_beyond = int(beyond.sum())
+        if n_beyond == 0:
             return
-        sel = beyond.nonzero()[:, 0]
-        cs = c[:, sel]  # [head, rows beyond, n]
-        i = rows[sel][:, None]
+        if n_beyond == len(rows):  # every row (long inputs): the block itself, not a copy of it
+            cs, i = c, rows[:, None]
+        else:
+            sel = beyond.nonzero()[:, 0]
+            cs = c[:, sel]  # [head, rows beyond, kw]
+            i = rows[sel][:, None]
+            inv = None if inv is None else inv[:, sel]
+        kw = c.shape[-1]  # the block's keys (n, or fewer for a causal block: the rest weigh nothing)
         band = i + torch.arange(-(w - 1), w, device=c.device)[None, :]  # [rows, 2W - 1]
-        inside = (band >= 0) & (band < n)
-        near = (cs.gather(-1, band.clamp(0, n - 1).expand(cs.shape[0], -1, -1)) * inside).sum(-1)
-        k = min(SINK_TOKENS, n)
+        inside = (band >= 0) & (band < kw)
+        near = (cs.gather(-1, band.clamp(0, kw - 1).expand(cs.shape[0], -1, -1)) * inside).sum(-1)
+        k = min(SINK_TOKENS, kw)
         sink_cols = torch.arange(k, device=c.device)[None, :]
         far_sink = (sink_cols <= i - w).float()  # sink tokens outside the window (inside it they count once)
         near = near + (cs[:, :, :k] * far_sink).sum(-1)
+        if inv is not None:  # the block holds numerators: divide by the row sums
+            near = near * inv
         acc.stream[b] += near.sum(-1)
-        acc.rows[b, 3] += int(sel.numel())
+        acc.rows[b, 3] += n_beyond
 
     def _repeats_of(self, b: int, n: int, device) -> _Repeats:
         r = self._repeats.get(b)
@@ -585,7 +634,7 @@ class _Repeats:
         self.start[self.order] = group_start
         self.first = self.order[self.start]  # position -> the first position of its token
 
-    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor) -> None:
+    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None) -> None:
         rank = self.rank[r0 : r0 + m]
         has = rank > 0  # rows with an earlier copy: a duplicate-token and an induction target
         if not bool(has.any()):
@@ -598,8 +647,11 @@ class _Repeats:
         k = self.order[
             torch.repeat_interleave(self.start[r0 : r0 + m], count) + torch.arange(total, device=c.device) - skip
         ]
-        acc.hits[b, :, 0] += c[:, local, k].sum(-1)  # earlier copies
+        dup = c[:, local, k]  # [head, pairs]: each row's weight on an earlier copy of its token
         ind = c[:, local, k + 1]  # the token after each earlier copy (k + 1 <= i)
+        if inv is not None:  # numerators: divide by their rows' sums
+            dup, ind = dup * inv[:, local], ind * inv[:, local]
+        acc.hits[b, :, 0] += dup.sum(-1)  # earlier copies
         acc.hits[b, :, 1] += ind.sum(-1)
         far = (local + r0) - (k + 1) >= RECENT_WINDOW
         acc.hits[b, :, 2] += ind[:, far].sum(-1)
@@ -628,3 +680,13 @@ class _RowSums:
         self.stream = z(batch, heads)  # mass on the sink tokens and the recent window, rows that see beyond
         #: rows with a duplicate, induction, far-induction target; rows that see beyond the streaming set
         self.rows = torch.zeros(batch, 4, device=device, dtype=torch.int64)
+        self._right: dict[int, torch.Tensor] = {}
+
+    def right_with_keys(self, b: int, right: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """[head, n, S + 5 + d]: example b's right-hand side beside each head's keys [head, n, d], built once a
+        layer (the keys are the layer's)."""
+        r = self._right.get(b)
+        if r is None:
+            h, n = keys.shape[0], keys.shape[1]
+            r = self._right[b] = torch.cat([right[:n].expand(h, -1, -1), keys.float()], dim=-1)
+        return r

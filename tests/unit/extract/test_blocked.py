@@ -118,6 +118,24 @@ def test_blocked_equals_eager(kind, heads):
         torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_blocked_on_an_additive_mask_equals_eager(kind):
+    """The eager base hands the attention function an additive float mask, which may carry more than 0 and
+    -inf (a position bias): the blocked path then keeps the scores for the entropy and normalises the rows
+    itself, instead of handing the reducer numerators. Same maps."""
+    eager, _, _, cfg = _models(kind)
+    cls = type(eager)
+    on_eager = cls._from_config(copy.deepcopy(cfg), attn_implementation=register("eager")).eval()
+    on_eager.load_state_dict(eager.state_dict())
+    lengths = [23, 17, 9, 1]
+    batch = _batch(lengths)
+    causal = kind != "bert"
+    ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], causal, 1 << 26)
+    got = _reduce(on_eager, batch, lengths, [0, 1, 2, 3], causal, 2000)
+    for name in ("images", "thumbs", "stats", "profile", "detectors"):
+        torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_blocked_equals_eager_past_the_recent_window(kind):
     """Inputs longer than the sink and the recent window, so the streaming and retrieval detectors are
