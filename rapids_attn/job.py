@@ -127,9 +127,17 @@ class ModelConfig(Section):
     revision: str | None = None
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = False
-    #: longest input in tokens; default: the model's own limit (capped at 1024). Longer inputs are
-    #: truncated (longest segment first) and counted in the summary.
+    #: longest input in tokens; default: the model's own limit (capped at 1024 by the eager capture only).
+    #: Longer inputs are truncated (longest segment first) and counted in the summary, or read as windows.
     max_length: int | None = Field(None, gt=1)
+    #: inputs longer than max_length: ``truncate`` them, or read them whole as overlapping ``windows`` of
+    #: max_length tokens (an encoder's 512 positions over a long document; rapids_attn/extract/windows.py):
+    #: each window repeats the input's leading and trailing special tokens, and each token's attention row
+    #: comes from one window (the middle of each overlap splits it; causal models: the later window owns
+    #: only what the earlier one does not hold).
+    long_inputs: Literal["truncate", "windows"] = "truncate"
+    #: content tokens two consecutive windows share (long_inputs: windows).
+    window_overlap: int = Field(128, ge=0)
 
 
 class ExtractConfig(Section):

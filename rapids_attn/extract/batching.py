@@ -45,10 +45,13 @@ def _encode(tokenizer, examples: list[Example], truncation: bool, max_length: in
     return enc["input_ids"], enc.get("token_type_ids")
 
 
-def tokenize(tokenizer, examples: list[Example], max_length: int) -> Tokenized:
+def tokenize(tokenizer, examples: list[Example], max_length: int, windows: bool = False) -> Tokenized:
     """Tokenize with the model's special tokens; inputs over ``max_length`` are truncated (longest
-    segment first, so a SQuAD context is cut before its question) and flagged."""
+    segment first, so a SQuAD context is cut before its question) and flagged, or with ``windows`` kept
+    whole (the extractor reads them as overlapping windows: :mod:`rapids_attn.extract.windows`)."""
     full, types = _encode(tokenizer, examples, truncation=False, max_length=None)
+    if windows:
+        return Tokenized(input_ids=full, truncated=[False] * len(full), token_type_ids=types)
     long = [i for i, ids in enumerate(full) if len(ids) > max_length]
     if long:
         cut, cut_types = _encode(tokenizer, [examples[i] for i in long], truncation=True, max_length=max_length)

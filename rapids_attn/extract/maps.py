@@ -450,6 +450,8 @@ class LayerReducer:
         row_entropy: torch.Tensor | None = None,
         row_max: torch.Tensor | None = None,
         softmax: SoftmaxRows | None = None,
+        example: int | None = None,
+        log_seen: torch.Tensor | None = None,
     ) -> None:
         """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, K]
         (the reducer's heads only when ``selected``, else every head). Rows past an example's length and keys
@@ -462,7 +464,11 @@ class LayerReducer:
         not yet divided by their row sums ``z_i``: the one product over the block that the image needs also
         gives ``z_i`` (the key columns' mass) and ``sum_j exp(s_ij - top_i) k_j``, hence each row's entropy
         ``log z_i + top_i - q_i . sum_j p_ij k_j``, and every sum is scaled by ``1 / z_i`` after. That spares
-        the caller three passes over the block (the row sums, the division, the entropy's product)."""
+        the caller three passes over the block (the row sums, the division, the entropy's product).
+
+        With ``example``, the block [1, head, rows, K] holds that example's rows alone (a long input's windows,
+        :mod:`rapids_attn.extract.windows`), and ``log_seen`` [rows], when given, is the log of the keys each
+        row could see (its window's, not the whole input's): the normalised entropy's denominator."""
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
@@ -471,12 +477,14 @@ class LayerReducer:
         if acc is None:
             acc = self._sums[layer] = _RowSums(len(self.lengths), w.shape[1], self.image_size, w.device)
         s, r0 = self.image_size, first_row
-        for b, n in enumerate(self.lengths):
+        # (example, its length, its index in the block)
+        targets = enumerate(self.lengths) if example is None else [(example, self.lengths[example])]
+        for wb, (b, n) in enumerate(targets):
             m = min(r0 + w.shape[2], n) - r0
             if m <= 0:
                 continue
             kw = min(w.shape[3], n)  # the keys the block holds; any after them have no weight
-            c = w[b, :, :m, :kw].float()  # [head, m, kw]: rows r0 .. r0 + m - 1 of the cropped map
+            c = w[wb, :, :m, :kw].float()  # [head, m, kw]: rows r0 .. r0 + m - 1 of the cropped map
             dev = c.device
             sw, right = self._example(b, n, dev)
             inv = None
@@ -486,18 +494,18 @@ class LayerReducer:
                 # [head x m, kw] x [kw, S + 5] product: a right-hand side this narrow is a poor GEMM shape
                 both = torch.bmm(c, right[:kw].expand(c.shape[0], -1, -1))
             else:  # numerators: the same product with each head's keys beside, then divided by the row sums
-                full = torch.bmm(c, acc.right_with_keys(b, right, softmax.keys[b, :, :n])[:, :kw])
+                full = torch.bmm(c, acc.right_with_keys(b, right, softmax.keys[wb, :, :n])[:, :kw])
                 z = full[..., s + _K["mass"]]  # [head, m]
                 inv = 1.0 / z
-                dot = (full[..., s + 5 :] * softmax.queries[b, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
-                row_entropy = (torch.log(z) + softmax.top[b, :, :m].float() - dot)[None]
+                dot = (full[..., s + 5 :] * softmax.queries[wb, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
+                row_entropy = (torch.log(z) + softmax.top[wb, :, :m].float() - dot)[None]
                 row_max = inv[None]
                 both = full[..., : s + 5] * inv[..., None]
             keys = both[..., s : s + 4]
             acc.keys[b] += keys.sum(1)
             # the image R @ a @ R.T takes these rows' share through R's columns r0 .. r0 + m - 1
             acc.image[b] += right[r0 : r0 + m, :s].T @ both[..., :s]
-            bi = b if softmax is None else 0
+            bi = wb if softmax is None else 0
             if row_entropy is None:
                 ent = -(c * torch.log(c.clamp_min(1e-30))).sum(-1)  # [head, m]
             else:
@@ -505,7 +513,10 @@ class LayerReducer:
             acc.entropy[b] += ent.sum(-1)
             lo = max(sw.first_valid - r0, 0)  # rows that see more than one key: normalised entropy
             if lo < m:
-                seen = sw.log_seen[r0 + lo - sw.first_valid : r0 + m - sw.first_valid]
+                if log_seen is not None:
+                    seen = log_seen[lo:m].to(ent.device)
+                else:
+                    seen = sw.log_seen[r0 + lo - sw.first_valid : r0 + m - sw.first_valid]
                 acc.entropy_norm[b] += (ent[:, lo:] / seen).sum(-1)
             acc.row_max[b] += (c.amax(-1) if row_max is None else row_max[bi, :, :m].float()).sum(-1)
             rows = torch.arange(r0, r0 + m, device=dev)

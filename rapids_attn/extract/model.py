@@ -127,6 +127,20 @@ def _load_config(cfg):
         ) from None
 
 
+def _check_windows(tok, cfg, max_length: int) -> None:
+    """model.window_overlap must leave a stride: fewer than a window's content tokens (max_length less the
+    special tokens every window repeats)."""
+    from rapids_attn.extract.windows import special_ends
+
+    p, x = special_ends(tok("a")["input_ids"], set(tok.all_special_ids))
+    size = max_length - p - x
+    if cfg.window_overlap >= size:
+        raise ModelError(
+            f"model.window_overlap: {cfg.window_overlap} must be less than the {size} content tokens of a "
+            f"{max_length}-token window ({p + x} are special tokens); lower it, or raise model.max_length"
+        )
+
+
 def describe_model(cfg, check_files: bool = True, sample: str | None = None, attention: str = "eager") -> ModelInfo:
     """Read the model's config: layer and head counts, and the input length limit. With ``check_files``
     (preflight), also load the tokenizer (:func:`load_tokenizer` refuses one that knows no word, and one
@@ -155,6 +169,8 @@ def describe_model(cfg, check_files: bool = True, sample: str | None = None, att
         tok = load_tokenizer(cfg)
         if sample:
             _check_vocabulary(tok, cfg, sample[:2000], "the dataset's first example")
+        if cfg.long_inputs == "windows":
+            _check_windows(tok, cfg, max_length)
         check_weights(cfg, source)
     return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision, attention)
 

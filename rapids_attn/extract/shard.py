@@ -91,6 +91,7 @@ class ShardResult:
     n_examples: int
     n_maps: int
     n_truncated: int
+    n_windowed: int
     n_tokens: int
     device: str
     worker: str
@@ -141,8 +142,13 @@ class Extractor:
             features["token_type_ids"] = token_type_ids
         enc = self.tokenizer.pad(features, padding=True, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        masks = TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids)
-        reducer = LayerReducer(
+        reducer = self._reducer(lengths, TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids))
+        with self.lock:
+            self.capture.run(batch, reducer)
+        return self._outputs(reducer)
+
+    def _reducer(self, lengths: list[int], masks: TokenMasks) -> LayerReducer:
+        return LayerReducer(
             lengths,
             masks,
             self.layout.layers,
@@ -153,8 +159,8 @@ class Extractor:
             self.device,
             block_bytes=self.extract_cfg.attention_block_mb << 20,
         )
-        with self.lock:
-            self.capture.run(batch, reducer)
+
+    def _outputs(self, reducer: LayerReducer) -> dict[str, torch.Tensor]:
         return {
             "images": reducer.images,
             S.THUMBNAILS: reducer.thumbs,
@@ -163,13 +169,42 @@ class Extractor:
             S.DETECTORS: reducer.detectors,
         }
 
+    def run_windows(self, tok, i: int, max_length: int, overlap: int) -> dict[str, torch.Tensor]:
+        """One input longer than ``max_length``, read as overlapping windows (rapids_attn/extract/windows.py):
+        the same outputs as :meth:`run_batch` for a batch of this one example."""
+        from rapids_attn.extract.windows import WindowSink, plan_windows
+
+        ids = tok.input_ids[i]
+        types = tok.token_type_ids[i] if tok.token_type_ids is not None else None
+        plan = plan_windows(ids, types, max_length, overlap, set(self.tokenizer.all_special_ids), self.causal)
+        whole = torch.tensor([ids], device=self.device)
+        reducer = self._reducer([len(ids)], TokenMasks.from_ids(whole, self.sep_ids, self.punct_ids))
+        sink = WindowSink(reducer, plan, self.causal)
+        ecfg = self.extract_cfg
+        per_forward = max(1, min(ecfg.max_batch_size, ecfg.token_budget // max_length))
+        if self.capture.mode != "blocked":  # whole maps: the eager capture's bound on a batch's T^2 entries
+            per_forward = max(1, min(per_forward, ecfg.attention_budget // (max_length * max_length)))
+        n_win = len(plan.windows)
+        for k0 in range(0, n_win, per_forward):
+            chunk = range(k0, min(k0 + per_forward, n_win))
+            features = {"input_ids": [plan.input_ids[k] for k in chunk]}
+            if plan.token_type_ids is not None:
+                features["token_type_ids"] = [plan.token_type_ids[k] for k in chunk]
+            enc = self.tokenizer.pad(features, padding=True, return_tensors="pt")
+            batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            sink.chunk, sink.last = chunk, chunk.stop == n_win
+            with self.lock:
+                self.capture.run(batch, sink)
+        return self._outputs(reducer)
+
     def process(self, task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
         examples = task.rows.read()
         start, stop = self.layout.shard_rows(task.shard)
         if len(examples) != stop - start:
             raise ValueError(f"shard {task.shard}: read {len(examples)} examples, expected {stop - start}")
-        tok = tokenize(self.tokenizer, examples, task.max_length)
+        windows = task.model.long_inputs == "windows"
+        tok = tokenize(self.tokenizer, examples, task.max_length, windows=windows)
         n = len(examples)
         nl, nh = len(self.layout.layers), len(self.layout.heads)
         s, t = self.layout.image_size, self.layout.thumb_size
@@ -184,9 +219,19 @@ class Extractor:
         ecfg = self.extract_cfg
         # the blocked capture holds a block of rows, not a batch's whole maps: only the eager one needs the T^2 bound
         att_budget = None if self.capture.mode == "blocked" else ecfg.attention_budget
-        for idx in length_batches(tok.lengths, ecfg.token_budget, ecfg.max_batch_size, att_budget):
+        # inputs over max_length (long_inputs: windows) are read one at a time, as a batch of their windows
+        long = [i for i, n_tok in enumerate(tok.lengths) if n_tok > task.max_length] if windows else []
+        short = [i for i in range(n) if i not in set(long)]
+        batches = [
+            [short[j] for j in b]
+            for b in length_batches([tok.lengths[i] for i in short], ecfg.token_budget, ecfg.max_batch_size, att_budget)
+        ] + [[i] for i in long]
+        for idx in batches:
             t1 = time.perf_counter()
-            out = self.run_batch(**tok.batch(idx))
+            if long and idx[0] in long:
+                out = self.run_windows(tok, idx[0], task.max_length, task.model.window_overlap)
+            else:
+                out = self.run_batch(**tok.batch(idx))
             t2 = time.perf_counter()
             images = out["images"].reshape(-1, s, s)  # [b*L*H, S, S]
             f, more = self.embedder.embed(
@@ -233,6 +278,7 @@ class Extractor:
             n_examples=n,
             n_maps=n * nl * nh,
             n_truncated=int(sum(tok.truncated)),
+            n_windowed=len(long),
             n_tokens=int(sum(tok.lengths)),
             device=self.device,
             worker=f"{os.uname().nodename}:{os.getpid()}",

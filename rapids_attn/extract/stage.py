@@ -187,6 +187,7 @@ class ExtractStage(Stage):
             "shards": len(results),
             "examples": sum(r.n_examples for r in results),
             "maps": sum(r.n_maps for r in results),
+            "windowed_examples": sum(r.n_windowed for r in results),  # model.long_inputs: windows
             "devices": sorted({r.device for r in results}),
             "workers": sorted({r.worker for r in results}),
             "worker_seconds": {

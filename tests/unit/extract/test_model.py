@@ -169,3 +169,10 @@ def test_uncached_hub_id_offline_fails_with_advice(fake_hub):
     with pytest.raises(ModelError, match="^model.name: cannot load 'testorg/not-cached'.*with no network"):
         load_model(cfg, "cpu", "float32")
     assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_a_window_overlap_that_leaves_no_stride_is_refused_at_preflight():
+    ok = describe_model(ModelConfig(name="minilm-l6", max_length=64, long_inputs="windows", window_overlap=61))
+    assert ok.max_length == 64  # 62 content tokens beside [CLS] and [SEP]
+    with pytest.raises(ModelError, match=r"model.window_overlap: 62 must be less than the 62 content tokens"):
+        describe_model(ModelConfig(name="minilm-l6", max_length=64, long_inputs="windows", window_overlap=62))

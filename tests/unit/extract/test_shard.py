@@ -147,3 +147,54 @@ def test_selected_layers_and_heads(extractor, ids):
 
 def test_causal_flag_matches_the_model(extractor):
     assert extractor.causal is (extractor.test_name != "tiny_bert_dir")
+
+
+@torch.inference_mode()
+def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids):
+    """model.long_inputs: windows. An input of 3-4 windows of 16 tokens (4 shared): its maps are the reducer's
+    maps of the [n, n] matrix holding, for each row, the row its owning window's own forward gives (eager,
+    output_attentions), at that window's key positions; the normalised entropy divides by log(keys the row saw
+    in its window)."""
+    from rapids_attn.extract.maps import LayerReducer
+    from rapids_attn.extract.windows import plan_windows
+
+    x = max(ids, key=len)
+    n, width, overlap = len(x), 16, 4
+    tok = tokenize(extractor.tokenizer, EXAMPLES, max_length=width, windows=True)
+    i = [len(t) for t in tok.input_ids].index(n)
+    got = extractor.run_windows(tok, i, width, overlap)
+    types = tok.token_type_ids[i] if tok.token_type_ids is not None else None
+    plan = plan_windows(x, types, width, overlap, set(extractor.tokenizer.all_special_ids), extractor.causal)
+    assert len(plan.windows) >= 3 and all(len(w) <= width for w in plan.input_ids)
+    dense = torch.zeros(2, 2, n, n)  # [layer, head, n, n]
+    log_seen = torch.zeros(n)
+    for k, w in enumerate(plan.windows):
+        feed = {"input_ids": torch.tensor([plan.input_ids[k]])}
+        if plan.token_type_ids is not None:
+            feed["token_type_ids"] = torch.tensor([plan.token_type_ids[k]])
+        att = extractor.reference(**feed, output_attentions=True).attentions
+        rows = w.positions[w.owned]
+        for layer in (0, 1):
+            dense[layer][:, rows[:, None], w.positions[None, :]] = att[layer][0, :2, w.owned]
+        log_seen[rows] = torch.log(w.owned.float() + 1) if extractor.causal else torch.log(torch.tensor(float(len(w.positions))))
+    assert torch.allclose(dense.sum(-1), torch.ones(2, 2, n), atol=1e-5)  # every row owned exactly once
+    masks = TokenMasks.from_ids(torch.tensor([x]), extractor.sep_ids, extractor.punct_ids)
+    ref = LayerReducer([n], masks, [0, 1], [0, 1], 16, 4, extractor.causal, "cpu")
+    for layer in (0, 1):
+        ref(layer, dense[layer][None])
+    norm = STAT_NAMES.index("entropy_norm")
+    keep = [s for s in range(len(STAT_NAMES)) if s != norm]
+    torch.testing.assert_close(got["images"], ref.images, atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got["thumbnails"], ref.thumbs, atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got["stats"][..., keep], ref.stats[..., keep], atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got["profile"], ref.profile, atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(got["detectors"], ref.detectors, atol=ATOL, rtol=ATOL, equal_nan=True)
+    first = 1 if extractor.causal else 0
+    for layer in (0, 1):
+        a = dense[layer][:, first:]
+        ent = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)  # [head, rows]
+        want = (ent / log_seen[first:]).mean(-1)
+        torch.testing.assert_close(got["stats"][0, layer, :, norm], want, atol=ATOL, rtol=ATOL)
+    # the band has teeth: the maps differ from the whole input's, read in one forward
+    whole = extractor.run_batch([x])
+    assert not torch.allclose(whole["images"], got["images"], atol=1e-3)
