@@ -118,6 +118,9 @@ class DataConfig(Section):
     limit: int | None = Field(None, gt=0)
     sample: int | None = Field(None, gt=0)
     seed: int = 0
+    #: SQuAD JSON only: one example per ``question`` (question and paragraph), or per ``article`` (its
+    #: paragraphs joined into one document: long inputs for a decoder, jobs/long_documents.yaml).
+    squad_unit: Literal["question", "article"] = "question"
     probe: ProbeConfig = ProbeConfig()
 
 

@@ -83,6 +83,7 @@ def _index_data(cfg: JobConfig):
         limit=d.limit,
         sample=d.sample,
         seed=d.seed,
+        squad_unit=d.squad_unit,
     )
     if d.probe.count:
         from rapids_attn.data.probe import repeated_token_probes

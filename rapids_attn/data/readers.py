@@ -69,6 +69,7 @@ def build_index(
     seed: int = 0,
     collect: list[Example] | None = None,
     checkpoint_every: int = CHECKPOINT_EVERY,
+    squad_unit: str = "question",
 ) -> DataIndex:
     """Index ``path``: validate and count every record, check ids are unique, apply ``sample`` and ``limit``.
 
@@ -79,6 +80,8 @@ def build_index(
     group_field, label_field: optional fields copied (with str()) into Example.group / .label.
     sample:      keep a seeded random subset of this many examples, in their original order.
     limit:       keep the first ``limit`` examples (after ``sample`` when both are given).
+    squad_unit:  SQuAD JSON: one example per ``question`` (the question and its paragraph, a pair), or per
+                 ``article`` (its paragraphs' contexts joined into one long document, no question).
     collect:     a list that receives every record's Example when the pass builds them anyway (all
                  formats but Parquet): :func:`read_examples` reads the file once that way.
     checkpoint_every: records between the seek points kept for line-based files.
@@ -96,10 +99,15 @@ def build_index(
         )
     select_positions(0, limit=limit, sample=sample)  # the settings' own checks, before the pass
 
+    if squad_unit != "question" and fmt != "squad":
+        raise DataError(
+            f"data.squad_unit: {squad_unit!r} applies to SQuAD JSON only, and {path} is read as {fmt}; "
+            "leave squad_unit out for this file"
+        )
     stamped = data_stamp(path)
     if fmt == "squad":
         try:
-            examples = read_squad(path)
+            examples = read_squad(path, squad_unit)
         except PermissionError as e:
             raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
         _empty(len(examples), path)
@@ -115,7 +123,7 @@ def build_index(
             len(examples),
             range(0),
             inline=inline,
-            pairs=True,
+            pairs=squad_unit == "question",
             fingerprint=digest,
             warnings=(warn,) if warn else (),
         )
@@ -218,8 +226,12 @@ def select(
 # --------------------------------------------------------------------------------------------- squad
 
 
-def read_squad(path: Path) -> list[Example]:
-    """SQuAD 1.1 / 2.0 JSON: one Example per question (text=question, text_pair=context)."""
+def read_squad(path: Path, unit: str = "question") -> list[Example]:
+    """SQuAD 1.1 / 2.0 JSON: one Example per question (text=question, text_pair=context), or with ``unit``
+    ``article`` one per article: its paragraphs' contexts joined by blank lines (id ``article-<n>``, group
+    the title, label the number of paragraphs): the long documents of a long-context job."""
+    if unit not in ("question", "article"):
+        raise DataError(f"data.squad_unit: unknown unit {unit!r}; use question or article")
     root = _load_json(path)
     articles = root.get("data") if isinstance(root, dict) else None
     if not isinstance(articles, list):
@@ -233,6 +245,13 @@ def read_squad(path: Path) -> list[Example]:
         paragraphs = _squad_get(article, "paragraphs", list, path, where)
         title = article.get("title")
         group = "" if title is None else str(title)
+        if unit == "article":
+            contexts = [
+                _squad_get(paragraph, "context", str, path, f"{where}.paragraphs[{p}]")
+                for p, paragraph in enumerate(paragraphs)
+            ]
+            examples.append(Example(id=f"article-{a}", text="\n\n".join(contexts), group=group, label=str(len(contexts))))
+            continue
         for p, paragraph in enumerate(paragraphs):
             pwhere = f"{where}.paragraphs[{p}]"
             context = _squad_get(paragraph, "context", str, path, pwhere)

@@ -489,22 +489,20 @@ class LayerReducer:
             sw, right = self._example(b, n, dev)
             inv = None
             if softmax is None:
-                # [head, m, S + 5]: the resize's first product, the key columns and sum_j a_ij j. A batched
-                # product over heads (the right-hand side broadcast) runs about twice as fast on the CPU as one
-                # [head x m, kw] x [kw, S + 5] product: a right-hand side this narrow is a poor GEMM shape
-                both = torch.bmm(c, right[:kw].expand(c.shape[0], -1, -1))
+                # [head, m, 5]: the key columns and sum_j a_ij j. A batched product over heads (the right-hand
+                # side broadcast) runs about twice as fast on the CPU as one [head x m, kw] x [kw, 5] product
+                both = torch.bmm(c, right[:kw, s:].expand(c.shape[0], -1, -1))
             else:  # numerators: the same product with each head's keys beside, then divided by the row sums
-                full = torch.bmm(c, acc.right_with_keys(b, right, softmax.keys[wb, :, :n])[:, :kw])
-                z = full[..., s + _K["mass"]]  # [head, m]
+                full = torch.bmm(c, acc.right_with_keys(b, right[:, s:], softmax.keys[wb, :, :n])[:, :kw])
+                z = full[..., _K["mass"]]  # [head, m]
                 inv = 1.0 / z
-                dot = (full[..., s + 5 :] * softmax.queries[wb, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
+                dot = (full[..., 5:] * softmax.queries[wb, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
                 row_entropy = (torch.log(z) + softmax.top[wb, :, :m].float() - dot)[None]
                 row_max = inv[None]
-                both = full[..., : s + 5] * inv[..., None]
-            keys = both[..., s : s + 4]
+                both = full[..., :5] * inv[..., None]
+            keys = both[..., :4]
             acc.keys[b] += keys.sum(1)
-            # the image R @ a @ R.T takes these rows' share through R's columns r0 .. r0 + m - 1
-            acc.image[b] += right[r0 : r0 + m, :s].T @ both[..., :s]
+            self._add_image(acc.image[b], c, right, r0, m, kw, inv)
             bi = wb if softmax is None else 0
             if row_entropy is None:
                 ent = -(c * torch.log(c.clamp_min(1e-30))).sum(-1)  # [head, m]
@@ -529,12 +527,24 @@ class LayerReducer:
             acc.diagonal[b] += (got * valid).sum(1)
             mass = keys[..., _K["mass"]]  # [head, m]: each row's mass
             if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
-                acc.distance[b] += (rows.float() * mass - both[..., s + 4]).sum(-1)
+                acc.distance[b] += (rows.float() * mass - both[..., 4]).sum(-1)
             else:
                 d = torch.bmm(c.transpose(0, 1), self._distance_rows(b, kw, r0, m, dev))[..., 0]  # [m, head]
                 acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
             self._streaming(acc, b, c, rows, n, mass, inv)
             self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv)
+
+    def _add_image(self, image, c, right, r0: int, m: int, kw: int, inv) -> None:
+        """Add rows r0 .. r0 + m - 1 of a map to its image R @ a @ R.T ([head, S, S]). The rows reach only the
+        output rows whose area they overlap (a block of rows: one or two of S), so the product starts there:
+        (R's columns r0.. restricted to those rows) @ c, a pass over the block instead of an S-wide product."""
+        s = self.image_size
+        rt = right[r0 : r0 + m, :s]  # [m, S]: R.T's rows for these rows
+        cols = rt.abs().sum(0).nonzero()[:, 0]  # the output rows they reach
+        left = rt[:, cols].T  # [nb, m]
+        left = left.expand(c.shape[0], -1, -1) if inv is None else left[None] * inv[:, None, :]  # numerators: / z
+        part = torch.bmm(torch.bmm(left, c), right[:kw, :s].expand(c.shape[0], -1, -1))  # [head, nb, S]
+        image[:, cols] += part
 
     def _streaming(self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
@@ -694,8 +704,8 @@ class _RowSums:
         self._right: dict[int, torch.Tensor] = {}
 
     def right_with_keys(self, b: int, right: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """[head, n, S + 5 + d]: example b's right-hand side beside each head's keys [head, n, d], built once a
-        layer (the keys are the layer's)."""
+        """[head, n, 5 + d]: example b's key columns and positions beside each head's keys [head, n, d], built
+        once a layer (the keys are the layer's)."""
         r = self._right.get(b)
         if r is None:
             h, n = keys.shape[0], keys.shape[1]
