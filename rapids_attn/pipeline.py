@@ -236,7 +236,9 @@ def _run_stages(cfg: JobConfig, plan: RunPlan) -> dict:
         client = None
         for i, st in enumerate(built):
             if client is None and using and using[0] <= i <= using[-1]:
+                t = time.perf_counter()
                 client = _start_cluster(cfg, ctx, cluster_scope)
+                ctx.timings["cluster_start"] = time.perf_counter() - t  # workers up (not loaded: see extract)
             t = time.perf_counter()
             result = st.run(ctx, client if st.uses_cluster(ctx) else None)
             result.seconds = time.perf_counter() - t
@@ -244,7 +246,9 @@ def _run_stages(cfg: JobConfig, plan: RunPlan) -> dict:
             ctx.results[st.name] = result
             if client is not None:
                 if i >= using[-1]:  # no later stage needs the workers: close them now
+                    t = time.perf_counter()
                     cluster_scope.close()
+                    ctx.timings["cluster_stop"] = time.perf_counter() - t
                     client = None
                 else:
                     st.release(client)

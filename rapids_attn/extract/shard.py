@@ -296,13 +296,20 @@ def get_extractor(task: ShardTask) -> Extractor:
         if ex is None:
             torch.set_num_threads(int(task.threads))
             _CACHE.clear()  # one job's model per worker process at a time
+            t0 = time.perf_counter()
             ex = _CACHE[task.key] = Extractor(task)
+            #: the load's seconds (model, tokenizer, embedder, causality probe), counted in the first shard's result
+            ex.load_seconds = time.perf_counter() - t0
         return ex
 
 
 def process_shard(task: ShardTask) -> ShardResult:
     """The function Dask runs: load (once) and process one shard."""
-    return get_extractor(task).process(task)
+    ex = get_extractor(task)
+    result = ex.process(task)
+    load, ex.load_seconds = getattr(ex, "load_seconds", 0.0), 0.0
+    result.seconds["load"] = load
+    return result
 
 
 def trim_heap() -> None:

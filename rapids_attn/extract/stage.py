@@ -192,7 +192,7 @@ class ExtractStage(Stage):
             "workers": sorted({r.worker for r in results}),
             "worker_seconds": {
                 k: round(sum(r.seconds.get(k, 0.0) for r in results), 3)
-                for k in ("tokenize", "forward", "embed", "write")
+                for k in ("load", "tokenize", "forward", "embed", "write")
             },
         }
         g.attrs[S.Attr.EXTRACT_RUNS] = [*g.attrs.get(S.Attr.EXTRACT_RUNS, []), record]

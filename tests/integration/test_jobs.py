@@ -203,3 +203,55 @@ def test_parquet_job_workers_read_their_own_rows(tmp_path):
     assert list(read_strings(g["example_id"])) == [e.id for e in examples]
     assert list(read_strings(g["example_group"])) == [e.group for e in examples]
     assert list(read_strings(g["example_label"])) == [e.label for e in examples]
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
+def test_long_documents_job_on_a_small_decoder(tmp_path):
+    """jobs/long_documents.yaml with a local random-weight Llama (4 query heads on 2 key heads, 4,096 positions)
+    in place of the hub model: whole SQuAD articles as inputs past the old 1,024-token cap, the blocked capture,
+    and head_classes.json."""
+    import torch
+    from helpers import bpe_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_dir = tmp_path / "decoder"
+    tok = bpe_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    run = tmp_path / "long"
+    r = run_cli(
+        REPO / "jobs" / "long_documents.yaml",
+        "--set",
+        f"model.name={model_dir}",
+        f"data.path={SHARED_SQUAD}",
+        "data.limit=4",
+        "model.max_length=2048",
+        f"output.dir={run}",
+        "runtime.n_workers=1",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["counts"]["examples"] == 4 and s["counts"]["maps"] == 4 * 2 * 4
+    import zarr
+
+    g = zarr.open_group(str(run / "store.zarr"), mode="r")
+    assert g.attrs["model"]["attention"] == "blocked"
+    assert int(g["seq_len"][:].min()) == 2048  # every article is longer than 2,048 of this tokenizer's tokens
+    classes = json.loads((run / "head_classes.json").read_text())
+    heads = classes["heads"]
+    assert len(heads) == 2 * 4
+    assert {h["class"] for h in heads} <= {"sink", "streaming", "retrieval", "other"}
+    assert all(0 <= h["layer"] < 2 and 0 <= h["head"] < 4 for h in heads)

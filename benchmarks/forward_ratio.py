@@ -1,0 +1,201 @@
+"""``python -m benchmarks.forward_ratio`` (from the repository root): the whole job against the bare forward
+pass of its model over the same inputs, wall clock, side by side in one run (issue 16).
+
+The job is ``--job`` (default ``jobs/quickstart.yaml``: MiniLM, the pattern CNN, two local one-thread
+workers) on ``--questions`` SQuAD questions sampled from ``--data`` (``data.sample``, ``data.seed``), with the
+default shard size (128), the report off and the relevance stage off (not part of the default job). Its time
+is the wall clock from launching ``python -m rapids_attn.run`` to its exit: process start, preflight, worker
+start, model loading, extract, learn and explain all count.
+
+The bare forwards run in their own processes, one per attention (``eager``, ``sdpa``), on the same questions
+tokenized the same way (the job's tokenizer and max_length), in the job's length-bucketed batches under its
+token budget, with torch on every core (``torch.set_num_threads(os.cpu_count())``) and inference mode: the
+model's forward and nothing else, timed from the first batch to the last (model loading excluded). Each
+bare forward runs once before the job and once after, so the host's drifting load falls on both sides;
+their mean is the figure.
+
+Printed: the three times, the job's throughput as a fraction of each bare forward's (bare seconds / job
+seconds), and where the job's time goes, by phase (summary.json: preflight, worker start, model load per
+worker, extract's forward / embed / write summed over workers, the extract stage's wall clock, learn,
+explain, worker stop). Results are recorded in docs/benchmarks.md ("The whole job against the bare forward").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from benchmarks.job_level import DEFAULT_DATA, QUICKSTART, REPO, run_job, write_job
+
+
+def bare_process(spec: dict) -> dict:
+    """One bare forward (``--bare``): load the model with ``spec['attention']``, then time its forward over
+    the questions in the job's batches."""
+    import torch
+
+    from rapids_attn.data import read_examples
+    from rapids_attn.extract.batching import length_batches, tokenize
+    from rapids_attn.extract.model import load_model, load_tokenizer
+    from rapids_attn.job import ExtractConfig, ModelConfig
+
+    torch.set_num_threads(os.cpu_count())
+    mcfg, ecfg = ModelConfig(**spec["model"]), ExtractConfig(**spec["extract"])
+    examples = list(read_examples(spec["data"], format="squad", sample=spec["sample"], seed=spec["seed"]))
+    tok = load_tokenizer(mcfg)
+    model = load_model(mcfg, "cpu", "float32", attention=spec["attention"])
+    t = tokenize(tok, examples, spec["max_length"])
+    batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
+    padded = [tok.pad(t.batch(idx), padding=True, return_tensors="pt") for idx in batches]
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for enc in padded:
+            model(**{k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "examples": len(examples), "batches": len(batches), "tokens": sum(t.lengths)}
+
+
+def run_bare(spec: dict) -> dict:
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.forward_ratio", "--bare", json.dumps(spec)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"the bare forward failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def phases(job: dict) -> list[tuple[str, float]]:
+    s, w = job["seconds"], job["worker_seconds"]
+    n = max(int(job["workers"] or 1), 1)
+    rows = [
+        ("process start and imports (wall - stage clocks)", job["wall"] - sum(s.values())),
+        ("preflight", s.get("preflight", 0.0)),
+        ("worker start (LocalCluster)", s.get("cluster_start", 0.0)),
+        ("extract stage, wall clock", s.get("extract", 0.0)),
+        (f"  model load, summed over {n} workers", w.get("load", 0.0)),
+        (f"  forward and reductions, summed over {n} workers", w.get("forward", 0.0)),
+        (f"  embedding (CNN), summed over {n} workers", w.get("embed", 0.0)),
+        (f"  tokenize and write, summed over {n} workers", w.get("tokenize", 0.0) + w.get("write", 0.0)),
+        (
+            "  idle worker time (workers x extract wall - their busy seconds)",
+            n * s.get("extract", 0.0) - sum(w.values()),
+        ),
+        ("learn (PCA, KMeans sweep, stability)", s.get("learn", 0.0)),
+        ("worker stop", s.get("cluster_stop", 0.0)),
+        ("explain", s.get("explain", 0.0)),
+    ]
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.forward_ratio", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="SQuAD JSON (default: ../shared/data/...)")
+    ap.add_argument("--questions", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--job", default=str(QUICKSTART))
+    ap.add_argument("--out", default=None, help="write every raw number here (JSON)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a job field (YAML value), e.g. --set cluster.k_sweep=null: what one phase costs",
+    )
+    ap.add_argument("--bare", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.bare:
+        print("RESULT " + json.dumps(bare_process(json.loads(args.bare))), flush=True)
+        return 0
+    data = Path(args.data)
+    if not data.is_file():
+        print(f"error: --data: no such file: {data}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        run_dir = tmp / "run"
+        job_yaml = write_job(Path(args.job), data, args.questions, args.seed, run_dir, tmp / "job.yaml")
+        spec_job = yaml.safe_load(job_yaml.read_text())
+        spec_job.setdefault("relevance", {})["enabled"] = False  # not a default stage
+        for item in args.set:
+            key, _, value = item.partition("=")
+            *path, leaf = key.split(".")
+            node = spec_job
+            for part in path:
+                node = node.setdefault(part, {})
+            node[leaf] = yaml.safe_load(value)
+        job_yaml.write_text(yaml.safe_dump(spec_job, sort_keys=False))
+        from rapids_attn.job import load_job
+
+        cfg = load_job(job_yaml)
+        from rapids_attn.extract.model import describe_model
+
+        info = describe_model(cfg.model, check_files=False, attention=cfg.extract.attention)
+        spec = {
+            "data": str(data.resolve()),
+            "sample": args.questions,
+            "seed": args.seed,
+            "model": cfg.model.model_dump(mode="json"),
+            "extract": cfg.extract.model_dump(mode="json"),
+            "max_length": info.max_length,
+        }
+        bare: dict[str, list[dict]] = {"eager": [], "sdpa": []}
+        for att in bare:
+            bare[att].append(run_bare({**spec, "attention": att}))
+            print(f"  bare {att} forward: {bare[att][-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+        job = run_job(job_yaml, run_dir)
+        print(f"  job: {job['wall']:.1f} s", file=sys.stderr, flush=True)
+        for att in bare:
+            bare[att].append(run_bare({**spec, "attention": att}))
+            print(f"  bare {att} forward: {bare[att][-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+    mean = {att: statistics.fmean(r["seconds"] for r in runs) for att, runs in bare.items()}
+    print(
+        f"{args.questions} SQuAD questions (sample seed {args.seed}), {Path(args.job).name} with relevance off"
+        f"{''.join(', ' + x for x in args.set)}; "
+        f"{os.cpu_count()} CPUs; capture: {info.attention}\n"
+    )
+    print("| | seconds | job throughput / this one's |")
+    print("|---|---|---|")
+    for att, runs in bare.items():
+        each = ", ".join(f"{r['seconds']:.1f}" for r in runs)
+        print(f"| bare {att} forward (before, after: {each}) | {mean[att]:.1f} | {mean[att] / job['wall']:.2f} |")
+    print(f"| the whole job, wall clock | {job['wall']:.1f} | 1.00 |")
+    print("\n| phase of the job | seconds |")
+    print("|---|---|")
+    for name, sec in phases(job):
+        print(f"| {name} | {sec:.1f} |")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "machine": {
+                        "platform": platform.platform(),
+                        "cpus": os.cpu_count(),
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    },
+                    "bare": bare,
+                    "job": job,
+                    "ratios": {att: mean[att] / job["wall"] for att in mean},
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
