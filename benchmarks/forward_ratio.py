@@ -38,6 +38,20 @@ import yaml
 from benchmarks.job_level import DEFAULT_DATA, QUICKSTART, REPO, run_job, write_job
 
 
+def bare_model(mcfg, attention: str):
+    """The job's model with plain ``eager`` or ``sdpa`` attention (transformers' own implementations)."""
+    import torch
+    from transformers import AutoModel
+
+    from rapids_attn.extract.model import resolve_model_name
+
+    model = AutoModel.from_pretrained(
+        resolve_model_name(mcfg.name), revision=mcfg.revision, attn_implementation=attention, dtype=torch.float32
+    )
+    assert model.config._attn_implementation == attention, model.config._attn_implementation
+    return model.eval()
+
+
 def bare_process(spec: dict) -> dict:
     """One bare forward (``--bare``): load the model with ``spec['attention']``, then time its forward over
     the questions in the job's batches."""
@@ -45,14 +59,14 @@ def bare_process(spec: dict) -> dict:
 
     from rapids_attn.data import read_examples
     from rapids_attn.extract.batching import length_batches, tokenize
-    from rapids_attn.extract.model import load_model, load_tokenizer
+    from rapids_attn.extract.model import load_tokenizer
     from rapids_attn.job import ExtractConfig, ModelConfig
 
     torch.set_num_threads(os.cpu_count())
     mcfg, ecfg = ModelConfig(**spec["model"]), ExtractConfig(**spec["extract"])
     examples = list(read_examples(spec["data"], format="squad", sample=spec["sample"], seed=spec["seed"]))
     tok = load_tokenizer(mcfg)
-    model = load_model(mcfg, "cpu", "float32", attention=spec["attention"])
+    model = bare_model(mcfg, spec["attention"])
     t = tokenize(tok, examples, spec["max_length"])
     batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
     padded = [tok.pad(t.batch(idx), padding=True, return_tensors="pt") for idx in batches]
@@ -62,6 +76,57 @@ def bare_process(spec: dict) -> dict:
             model(**{k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "examples": len(examples), "batches": len(batches), "tokens": sum(t.lengths)}
+
+
+def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
+    """``--in-process``: on one thread, in this process, over the job's batches of ``questions`` questions: the
+    bare eager forward, the bare SDPA forward, and the blocked capture (SDPA's output plus every map's image,
+    statistics, profile and detectors, as a worker computes them, without the CNN), alternated ``rounds``
+    times; the best round of each."""
+    import torch
+
+    from rapids_attn.data import read_examples
+    from rapids_attn.extract.batching import length_batches, tokenize
+    from rapids_attn.extract.capture import AttentionCapture
+    from rapids_attn.extract.maps import LayerReducer, TokenMasks, punctuation_ids, separator_ids
+    from rapids_attn.extract.model import load_model, load_tokenizer
+    from rapids_attn.job import ExtractConfig, ModelConfig
+
+    torch.set_num_threads(1)
+    mcfg, ecfg = ModelConfig(name="minilm-l6"), ExtractConfig()
+    examples = list(read_examples(data, format="squad", sample=questions, seed=seed))
+    tok = load_tokenizer(mcfg)
+    t = tokenize(tok, examples, 512)
+    batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
+    keep = ("input_ids", "attention_mask", "token_type_ids")
+    encs = [{k: v for k, v in tok.pad(t.batch(i), padding=True, return_tensors="pt").items() if k in keep} for i in batches]
+    sep, punct = separator_ids(tok), punctuation_ids(tok)
+    models = {a: bare_model(mcfg, a) for a in ("eager", "sdpa")}
+    models["blocked"] = load_model(mcfg, "cpu", "float32", attention="blocked")
+    n_layers = models["blocked"].config.num_hidden_layers
+    n_heads = models["blocked"].config.num_attention_heads
+
+    def bare(m):
+        with torch.inference_mode():
+            for e in encs:
+                m(**e)
+
+    def capture():
+        for e, idx in zip(encs, batches, strict=True):
+            masks = TokenMasks.from_ids(e["input_ids"], sep, punct)
+            red = LayerReducer(
+                [t.lengths[i] for i in idx], masks, list(range(n_layers)), list(range(n_heads)), 32, 16, False, "cpu"
+            )
+            AttentionCapture(models["blocked"], n_layers).run(e, red)
+
+    cases = {"bare eager": lambda: bare(models["eager"]), "bare sdpa": lambda: bare(models["sdpa"]), "blocked capture": capture}
+    seconds: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(rounds):
+        for name, f in cases.items():
+            t0 = time.perf_counter()
+            f()
+            seconds[name].append(time.perf_counter() - t0)
+    return {"questions": len(examples), "batches": len(batches), "seconds": seconds}
 
 
 def run_bare(spec: dict) -> dict:
@@ -116,7 +181,21 @@ def main(argv=None) -> int:
         help="change a job field (YAML value), e.g. --set cluster.k_sweep=null: what one phase costs",
     )
     ap.add_argument("--bare", default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="instead: on one thread in one process, the bare eager and SDPA forwards against the blocked capture",
+    )
     args = ap.parse_args(argv)
+    if args.in_process:
+        r = in_process(args.data, args.questions, args.seed)
+        best = {k: min(v) for k, v in r["seconds"].items()}
+        print(f"{r['questions']} SQuAD questions, {r['batches']} batches, one thread, best of {len(r['seconds']['bare eager'])}\n")
+        print("| | seconds | bare eager / this |")
+        print("|---|---|---|")
+        for name, sec in best.items():
+            print(f"| {name} | {sec:.2f} | {best['bare eager'] / sec:.2f} |")
+        return 0
     if args.bare:
         print("RESULT " + json.dumps(bare_process(json.loads(args.bare))), flush=True)
         return 0

@@ -71,6 +71,21 @@ def test_squad_fields_group_and_label(tmp_path):
     ]
 
 
+def test_squad_articles_are_one_document_each(tmp_path):
+    """data.squad_unit: article: an article's paragraphs joined by blank lines, no question, in file order."""
+    from rapids_attn.data import build_index
+
+    path = write_json(tmp_path / "dev.json", squad_doc())
+    docs = build_index(path, squad_unit="article").inline
+    assert list(docs) == [
+        Example(id="article-0", text="Ann met Bob.\n\nCy ran.", group="Alpha", label="2"),
+        Example(id="article-1", text="Dee sang.", group="Beta", label="1"),
+    ]
+    assert not build_index(path, squad_unit="article").pairs and build_index(path).pairs
+    with pytest.raises(DataError, match="data.squad_unit: 'article' applies to SQuAD JSON only"):
+        build_index(write_json(tmp_path / "t.jsonl", {"text": "x"}), format="jsonl", squad_unit="article")
+
+
 def test_without_is_impossible_an_empty_answer_list_is_impossible(tmp_path):
     """SQuAD 2.0 marks an unanswerable question by an empty ``answers`` list; ``is_impossible`` is an extra
     some files leave out. Without it the labels must be the same as with it."""
