@@ -99,7 +99,9 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
     t = tokenize(tok, examples, 512)
     batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
     keep = ("input_ids", "attention_mask", "token_type_ids")
-    encs = [{k: v for k, v in tok.pad(t.batch(i), padding=True, return_tensors="pt").items() if k in keep} for i in batches]
+    encs = [
+        {k: v for k, v in tok.pad(t.batch(i), padding=True, return_tensors="pt").items() if k in keep} for i in batches
+    ]
     sep, punct = separator_ids(tok), punctuation_ids(tok)
     models = {a: bare_model(mcfg, a) for a in ("eager", "sdpa")}
     models["blocked"] = load_model(mcfg, "cpu", "float32", attention="blocked")
@@ -119,7 +121,11 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
             )
             AttentionCapture(models["blocked"], n_layers).run(e, red)
 
-    cases = {"bare eager": lambda: bare(models["eager"]), "bare sdpa": lambda: bare(models["sdpa"]), "blocked capture": capture}
+    cases = {
+        "bare eager": lambda: bare(models["eager"]),
+        "bare sdpa": lambda: bare(models["sdpa"]),
+        "blocked capture": capture,
+    }
     seconds: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(rounds):
         for name, f in cases.items():
@@ -190,7 +196,9 @@ def main(argv=None) -> int:
     if args.in_process:
         r = in_process(args.data, args.questions, args.seed)
         best = {k: min(v) for k, v in r["seconds"].items()}
-        print(f"{r['questions']} SQuAD questions, {r['batches']} batches, one thread, best of {len(r['seconds']['bare eager'])}\n")
+        print(
+            f"{r['questions']} SQuAD questions, {r['batches']} batches, one thread, best of {len(r['seconds']['bare eager'])}\n"
+        )
         print("| | seconds | bare eager / this |")
         print("|---|---|---|")
         for name, sec in best.items():
@@ -232,14 +240,14 @@ def main(argv=None) -> int:
             "max_length": info.max_length,
         }
         bare: dict[str, list[dict]] = {"eager": [], "sdpa": []}
-        for att in bare:
-            bare[att].append(run_bare({**spec, "attention": att}))
-            print(f"  bare {att} forward: {bare[att][-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+        for att, runs in bare.items():
+            runs.append(run_bare({**spec, "attention": att}))
+            print(f"  bare {att} forward: {runs[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
         job = run_job(job_yaml, run_dir)
         print(f"  job: {job['wall']:.1f} s", file=sys.stderr, flush=True)
-        for att in bare:
-            bare[att].append(run_bare({**spec, "attention": att}))
-            print(f"  bare {att} forward: {bare[att][-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+        for att, runs in bare.items():
+            runs.append(run_bare({**spec, "attention": att}))
+            print(f"  bare {att} forward: {runs[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
     mean = {att: statistics.fmean(r["seconds"] for r in runs) for att, runs in bare.items()}
     print(
         f"{args.questions} SQuAD questions (sample seed {args.seed}), {Path(args.job).name} with relevance off"

@@ -250,7 +250,9 @@ def read_squad(path: Path, unit: str = "question") -> list[Example]:
                 _squad_get(paragraph, "context", str, path, f"{where}.paragraphs[{p}]")
                 for p, paragraph in enumerate(paragraphs)
             ]
-            examples.append(Example(id=f"article-{a}", text="\n\n".join(contexts), group=group, label=str(len(contexts))))
+            examples.append(
+                Example(id=f"article-{a}", text="\n\n".join(contexts), group=group, label=str(len(contexts)))
+            )
             continue
         for p, paragraph in enumerate(paragraphs):
             pwhere = f"{where}.paragraphs[{p}]"

@@ -546,7 +546,9 @@ class LayerReducer:
         part = torch.bmm(torch.bmm(left, c), right[:kw, :s].expand(c.shape[0], -1, -1))  # [head, nb, S]
         image[:, cols] += part
 
-    def _streaming(self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None) -> None:
+    def _streaming(
+        self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None
+    ) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
         gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both."""
         w = RECENT_WINDOW

@@ -191,7 +191,9 @@ class Extractor:
             if plan.token_type_ids is not None:
                 features["token_type_ids"] = [plan.token_type_ids[k] for k in chunk]
             enc = self.tokenizer.pad(features, padding=True, return_tensors="pt")
-            batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            batch = {
+                k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")
+            }
             sink.chunk, sink.last = chunk, chunk.stop == n_win
             with self.lock:
                 self.capture.run(batch, sink)

@@ -23,6 +23,7 @@ rows are placed into the whole input's width), memory as one block of rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -202,4 +203,4 @@ def _runs(places: torch.Tensor) -> list[tuple[int, int]]:
         return []
     breaks = (torch.nonzero(places[1:] != places[:-1] + 1)[:, 0] + 1).tolist()
     edges = [0, *breaks, len(places)]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    return list(itertools.pairwise(edges))

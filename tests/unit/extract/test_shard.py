@@ -176,7 +176,9 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids):
         rows = w.positions[w.owned]
         for layer in (0, 1):
             dense[layer][:, rows[:, None], w.positions[None, :]] = att[layer][0, :2, w.owned]
-        log_seen[rows] = torch.log(w.owned.float() + 1) if extractor.causal else torch.log(torch.tensor(float(len(w.positions))))
+        log_seen[rows] = (
+            torch.log(w.owned.float() + 1) if extractor.causal else torch.log(torch.tensor(float(len(w.positions))))
+        )
     assert torch.allclose(dense.sum(-1), torch.ones(2, 2, n), atol=1e-5)  # every row owned exactly once
     masks = TokenMasks.from_ids(torch.tensor([x]), extractor.sep_ids, extractor.punct_ids)
     ref = LayerReducer([n], masks, [0, 1], [0, 1], 16, 4, extractor.causal, "cpu")

@@ -17,7 +17,9 @@ def _ids(content: int, specials: bool = True) -> list[int]:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("content", "width", "overlap"), [(50, 16, 4), (14, 16, 4), (15, 16, 0), (97, 24, 10), (30, 8, 5)])
+@pytest.mark.parametrize(
+    ("content", "width", "overlap"), [(50, 16, 4), (14, 16, 4), (15, 16, 0), (97, 24, 10), (30, 8, 5)]
+)
 def test_windows_tile_the_input(causal, content, width, overlap):
     ids = _ids(content)
     plan = plan_windows(ids, None, width, overlap, {CLS, SEP}, causal)
@@ -53,7 +55,9 @@ def test_a_decoder_input_without_special_tokens():
     plan = plan_windows(ids, [0] * 40, 16, 6, {CLS, SEP}, True)
     assert special_ends(ids, {CLS, SEP}) == (0, 0)
     assert sorted(p for w in plan.windows for p in w.positions[w.owned].tolist()) == list(range(40))
-    assert plan.token_type_ids is not None and all(len(t) == len(i) for t, i in zip(plan.token_type_ids, plan.input_ids, strict=True))
+    assert plan.token_type_ids is not None and all(
+        len(t) == len(i) for t, i in zip(plan.token_type_ids, plan.input_ids, strict=True)
+    )
 
 
 def test_an_overlap_that_leaves_no_stride_is_refused():
