@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import CORPUS, bpe_tokenizer, tiny_bert_config, write_jsonl
+from helpers import CORPUS, bpe_tokenizer, save_tiny_llama, tiny_bert_config, write_jsonl
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -75,26 +75,7 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaModel
-
-    out = tmp_path_factory.mktemp("tiny-llama")
-    tok = bpe_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    LlamaModel(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture

@@ -43,6 +43,32 @@ def bpe_tokenizer():
     )
 
 
+def save_tiny_llama(
+    out: Path, heads: int = 2, kv_heads: int = 1, positions: int = 128, causal_lm: bool = False
+) -> Path:
+    """The tests' tiny Llama-style decoder (2 layers, hidden 32, ``heads`` query heads on ``kv_heads`` key heads,
+    seed 0) with the BPE tokenizer, saved to ``out``; ``causal_lm``: with its LM head (LlamaForCausalLM)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+
+    tok = bpe_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    (LlamaForCausalLM if causal_lm else LlamaModel)(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def tiny_bert_config(vocab_size: int, **kw):
     """The tests' tiny BERT: 2 layers x 2 heads, hidden 32, 128 positions (``kw``: num_labels and the like)."""
     from transformers import BertConfig

@@ -99,18 +99,26 @@ def _mask_rows(scores, mask, r0: int, q_len: int, kv_len: int, causal: bool, sli
             return ~m
         scores.add_(m.float()).clamp_(min=MASKED)
         return scores <= MASKED / 2
-    i = torch.arange(r0, r1, device=dev)[:, None] + (kv_len - q_len)  # the rows' absolute positions
-    j = torch.arange(kv_len, device=dev)[None, :]
-    hide = None
-    if causal:
-        hide = j > i
-        if sliding_window:
-            hide |= j <= i - int(sliding_window)
-    if mask is not None and mask.dim() == 2:  # [batch, kv_len] padding, 1 = a real token
-        pad = ~mask[:, None, None, :kv_len].to(device=dev, dtype=torch.bool)
-        hide = pad if hide is None else (hide[None, None] | pad)
+    hide = _position_hide(mask, r0, r1 - r0, kv_len - q_len, kv_len, causal, sliding_window, dev)
     if hide is not None:
         scores.masked_fill_(hide, MASKED)
+    return hide
+
+
+def _position_hide(mask, r0: int, rows: int, past: int, kv: int, causal: bool, window, dev):
+    """The keys rows r0 .. r0 + rows - 1 cannot see for their positions (causal, a sliding window) and a 2-D
+    padding mask ([batch, kv_len], 1 = a real token), as a boolean tensor that broadcasts against [batch, head,
+    rows, kv] scores; None when they see every key."""
+    hide = None
+    if causal:
+        i = torch.arange(r0, r0 + rows, device=dev)[:, None] + past  # the rows' absolute positions
+        j = torch.arange(kv, device=dev)[None, :]
+        hide = j > i
+        if window:
+            hide |= j <= i - int(window)
+    if mask is not None and mask.dim() == 2:
+        pad = ~mask[:, None, None, :kv].to(device=dev, dtype=torch.bool)
+        hide = pad if hide is None else (hide[None, None] | pad)
     return hide
 
 
@@ -203,25 +211,15 @@ def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):
         hide = ~mask[:, :, r0 : r0 + rows, :kv].to(dev)
         scores.masked_fill_(hide, MASKED)
         return hide
-    hide = None
-    if causal and (window or (mask is not None and mask.dim() == 2)):
-        i = torch.arange(r0, r0 + rows, device=dev)[:, None] + past
-        j = torch.arange(kv, device=dev)[None, :]
-        hide = j > i
-        if window:
-            hide |= j <= i - int(window)
-    if mask is not None and mask.dim() == 2:  # [batch, kv_len] padding, 1 = a real token
-        pad = ~mask[:, None, None, :kv].to(device=dev, dtype=torch.bool)
-        hide = pad if hide is None else (hide[None, None] | pad)
-    if hide is not None:
-        scores.masked_fill_(hide, MASKED)
-        return hide
-    if causal:  # keys r0 + past .. kv - 1 hold the triangle: row r0 + a hides keys past its own
-        k0 = r0 + past
+    if causal and not window and mask is None:  # keys r0 + past .. kv - 1 hold the triangle: row r0 + a hides
+        k0 = r0 + past  # the keys past its own, and nothing else is hidden
         tri = torch.ones(rows, kv - k0, dtype=torch.bool, device=dev).triu_(1)
         scores[..., k0:].masked_fill_(tri, MASKED)
         return ("diag", k0, tri)
-    return None
+    hide = _position_hide(mask, r0, rows, past, kv, causal, window, dev)
+    if hide is not None:
+        scores.masked_fill_(hide, MASKED)
+    return hide
 
 
 def _zero_hidden(w, hide) -> None:

@@ -263,16 +263,23 @@ def test_kill_9_of_one_worker(ref, tmp_path):
 
 
 def test_two_runs_on_one_directory(ref, tmp_path):
-    """Started together: one takes the directory, the other exits 2 in one line naming the directory and
-    the holder's pid, and the holder's store is identical to the reference."""
+    """A second run while the first holds the directory exits 2 in one line naming the directory and the
+    holder's pid, and the holder's store is identical to the reference. The holder is paused (SIGSTOP to its
+    group) once it is extracting, so that the two runs overlap whatever the machine's speed: started merely
+    together, a fast first run could finish before the second reached the directory."""
     job = write_fault_job(tmp_path, ref)
-    procs = [start(job), start(job)]
-    results = [finish(p) for p in procs]
-    codes = sorted(rc for rc, _ in results)
-    assert codes == [0, 2], [err[-2000:] for _, err in results]
-    winner = next(p for p, (rc, _) in zip(procs, results) if rc == 0)
-    line = one_line(next(err for rc, err in results if rc == 2))
-    assert str(tmp_path / "run") in line and f"pid {winner.pid}" in line, line
+    holder = start(job)
+    wait_for_shards(holder, tmp_path / "run")
+    os.killpg(holder.pid, signal.SIGSTOP)
+    try:
+        rc, err = run(job)
+    finally:
+        os.killpg(holder.pid, signal.SIGCONT)
+    assert rc == 2, err[-2000:]
+    line = one_line(err)
+    assert str(tmp_path / "run") in line and f"pid {holder.pid}" in line, line
+    rc, err = finish(holder)
+    assert rc == 0, err[-2000:]
     assert_identical(tmp_path / "run", ref.run)
 
 

@@ -210,26 +210,9 @@ def test_long_documents_job_on_a_small_decoder(tmp_path):
     """jobs/long_documents.yaml with a local random-weight Llama (4 query heads on 2 key heads, 4,096 positions)
     in place of the hub model: whole SQuAD articles as inputs past the old 1,024-token cap, the blocked capture,
     and head_classes.json."""
-    import torch
-    from helpers import bpe_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from helpers import save_tiny_llama
 
-    model_dir = tmp_path / "decoder"
-    tok = bpe_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = save_tiny_llama(tmp_path / "decoder", heads=4, kv_heads=2, positions=4096, causal_lm=True)
     run = tmp_path / "long"
     r = run_cli(
         REPO / "jobs" / "long_documents.yaml",
