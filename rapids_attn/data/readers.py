@@ -250,9 +250,10 @@ def read_squad(path: Path, unit: str = "question") -> list[Example]:
                 _squad_get(paragraph, "context", str, path, f"{where}.paragraphs[{p}]")
                 for p, paragraph in enumerate(paragraphs)
             ]
-            examples.append(
-                Example(id=f"article-{a}", text="\n\n".join(contexts), group=group, label=str(len(contexts)))
-            )
+            if contexts:  # an article without paragraphs has no text (and, read by question, no examples)
+                examples.append(
+                    Example(id=f"article-{a}", text="\n\n".join(contexts), group=group, label=str(len(contexts)))
+                )
             continue
         for p, paragraph in enumerate(paragraphs):
             pwhere = f"{where}.paragraphs[{p}]"

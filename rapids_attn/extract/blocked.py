@@ -160,7 +160,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     numerators = bool(getattr(sink, "takes_numerators", False))  # LayerReducer: see SoftmaxRows
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)
-        kv = min(kv_len, r1 + past) if causal and plain else kv_len  # keys these rows can see
+        kv = _visible_keys(mask, r0, r1, past, kv_len) if causal and plain else kv_len  # keys these rows can see
         s = torch.matmul(q[:, :, r0:r1], k_t[..., :kv])  # [b, h, rows, kv]
         if plain:
             hide = _mask_block(s, mask, r0, past, causal, window)
@@ -198,6 +198,15 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
             entropy = (torch.log(z) + top - ps).squeeze(-1)
             sink.add_rows(layer, w, r0, selected=True, row_entropy=entropy, row_max=(1.0 / z).squeeze(-1))
         del s, w
+
+
+def _visible_keys(mask, r0: int, r1: int, past: int, kv_len: int) -> int:
+    """How many keys a causal block of rows r0 .. r1 - 1 must read: those up to its last row, unless a 4-D mask
+    shows the rows a later key (a prefix-LM mask: image or prompt tokens seen both ways under ``is_causal``)."""
+    kv = min(kv_len, r1 + past)
+    if kv < kv_len and mask is not None and mask.dim() == 4 and bool(mask[:, :, r0:r1, kv:kv_len].any()):
+        return kv_len
+    return kv
 
 
 def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):

@@ -158,5 +158,7 @@ class _Assembled:
 
     def end_layer(self, layer: int) -> None:
         parts = sorted(self.rows.pop(layer, []), key=lambda p: p[0])
-        if parts:
-            self.sink(layer, torch.cat([b for _, b in parts], dim=2))
+        if parts:  # a causal block holds the keys up to its last row only: the rest weigh nothing
+            width = max(b.shape[3] for _, b in parts)
+            blocks = [torch.nn.functional.pad(b, (0, width - b.shape[3])) for _, b in parts]
+            self.sink(layer, torch.cat(blocks, dim=2))

@@ -130,9 +130,9 @@ def _load_config(cfg):
 def _check_windows(tok, cfg, max_length: int) -> None:
     """model.window_overlap must leave a stride: fewer than a window's content tokens (max_length less the
     special tokens every window repeats)."""
-    from rapids_attn.extract.windows import special_ends
+    from rapids_attn.extract.windows import template_ends
 
-    p, x = special_ends(tok("a")["input_ids"], set(tok.all_special_ids))
+    p, x = template_ends(tok)
     size = max_length - p - x
     if cfg.window_overlap >= size:
         raise ModelError(

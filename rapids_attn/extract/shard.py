@@ -172,11 +172,11 @@ class Extractor:
     def run_windows(self, tok, i: int, max_length: int, overlap: int) -> dict[str, torch.Tensor]:
         """One input longer than ``max_length``, read as overlapping windows (rapids_attn/extract/windows.py):
         the same outputs as :meth:`run_batch` for a batch of this one example."""
-        from rapids_attn.extract.windows import WindowSink, plan_windows
+        from rapids_attn.extract.windows import WindowSink, plan_windows, template_ends
 
         ids = tok.input_ids[i]
         types = tok.token_type_ids[i] if tok.token_type_ids is not None else None
-        plan = plan_windows(ids, types, max_length, overlap, set(self.tokenizer.all_special_ids), self.causal)
+        plan = plan_windows(ids, types, max_length, overlap, template_ends(self.tokenizer), self.causal)
         whole = torch.tensor([ids], device=self.device)
         reducer = self._reducer([len(ids)], TokenMasks.from_ids(whole, self.sep_ids, self.punct_ids))
         sink = WindowSink(reducer, plan, self.causal)

@@ -48,6 +48,12 @@ class WindowPlan:
     token_type_ids: list[list[int]] | None
 
 
+def template_ends(tokenizer) -> tuple[int, int]:
+    """The leading and trailing special tokens the tokenizer's template puts around any input ([CLS], [SEP]),
+    read off one encoded word, not off an input (whose own text may begin or end with a special token)."""
+    return special_ends(tokenizer("a")["input_ids"], set(tokenizer.all_special_ids))
+
+
 def special_ends(ids: list[int], special: set[int]) -> tuple[int, int]:
     """How many of ``ids``' leading and trailing tokens are special ([CLS] ... [SEP]): kept in every window."""
     p = 0
@@ -64,14 +70,16 @@ def plan_windows(
     types: list[int] | None,
     max_length: int,
     overlap: int,
-    special: set[int],
+    ends: tuple[int, int],
     causal: bool,
 ) -> WindowPlan:
     """Windows of at most ``max_length`` tokens over ``ids``, consecutive ones sharing ``overlap`` content tokens.
+    ``ends``: how many leading and trailing tokens every input has from the tokenizer's template ([CLS] and
+    [SEP]: (1, 1); GPT-2: (0, 0)), repeated in every window (:func:`template_ends`).
 
     Raises ValueError when the special tokens leave no room for content, or the overlap leaves no stride."""
     n = len(ids)
-    p, x = special_ends(ids, special)
+    p, x = ends
     size = max_length - p - x  # content tokens per window
     if size < 1:
         raise ValueError(f"model.max_length: {max_length} leaves no room for content beside {p + x} special tokens")
@@ -135,9 +143,11 @@ class WindowSink:
         self.n = plan.n_tokens
         dev = reducer.device
         self._windows = [(w.positions.to(dev), w.owned.to(dev)) for w in plan.windows]
-        # log of the keys each window-local row sees: the window's length, or its place + 1 when causal
+        # log of the keys each window-local row sees: the window's length, or its place + 1 when causal. A row
+        # that sees one key (a causal window's first row, owned when windows do not overlap) has entropy 0;
+        # its normalised entropy counts as 0 (log 2 keeps 0 / 0 out)
         self._log_seen = [
-            torch.log(w.owned.double() + 1.0).float().to(dev)
+            torch.log(w.owned.double() + 1.0).clamp_min(math.log(2.0)).float().to(dev)
             if causal
             else torch.full((len(w.owned),), math.log(len(w.positions)), device=dev)
             for w in plan.windows
@@ -173,9 +183,10 @@ class WindowSink:
                 continue
             local = owned[here] - first_row  # rows of the block
             places = pos[owned[here]]  # their rows in the whole input
-            length = len(pos)
+            # a causal block holds the window's keys up to its last row only: the rest weigh nothing
+            kw = min(len(pos), w.shape[3])
             dense = w.new_zeros(1, w.shape[1], len(local), self.n, dtype=torch.float32)
-            dense[0, :, :, pos] = w[j, :, local, :length].float()
+            dense[0, :, :, pos[:kw]] = w[j, :, local, :kw].float()
             ent = None if row_entropy is None else row_entropy[j, :, local][None]
             top = None if row_max is None else row_max[j, :, local][None]
             seen = self._log_seen[k][here]

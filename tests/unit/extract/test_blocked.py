@@ -174,3 +174,17 @@ def test_a_plain_sink_gets_whole_maps_from_the_blocked_path():
     for (_, wa), (_, wb) in zip(a, b, strict=True):
         torch.testing.assert_close(wb[0], wa[0], rtol=1e-5, atol=1e-6)  # the unpadded example, every row
         torch.testing.assert_close(wb[1, :, :5, :5], wa[1, :, :5, :5], rtol=1e-5, atol=1e-6)
+
+
+def test_a_causal_block_reads_later_keys_a_prefix_mask_shows():
+    """A causal block reads keys up to its last row, unless a 4-D mask lets its rows see later keys (a
+    prefix-LM mask: image or prompt tokens attended both ways under is_causal)."""
+    from rapids_attn.extract.blocked import _visible_keys
+
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()[None, None]
+    assert _visible_keys(None, 0, 4, 0, 10) == 4
+    assert _visible_keys(causal, 0, 4, 0, 10) == 4
+    prefix = causal.clone()
+    prefix[..., :6, :6] = True  # the first 6 tokens see each other
+    assert _visible_keys(prefix, 0, 4, 0, 10) == 10
+    assert _visible_keys(prefix, 6, 8, 0, 10) == 8

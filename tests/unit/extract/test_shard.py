@@ -150,13 +150,18 @@ def test_causal_flag_matches_the_model(extractor):
 
 
 @torch.inference_mode()
-def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids):
+@pytest.mark.parametrize("small_blocks", [False, True], ids=["one-block", "3-row-blocks"])
+def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids, small_blocks, monkeypatch):
     """model.long_inputs: windows. An input of 3-4 windows of 16 tokens (4 shared): its maps are the reducer's
     maps of the [n, n] matrix holding, for each row, the row its owning window's own forward gives (eager,
     output_attentions), at that window's key positions; the normalised entropy divides by log(keys the row saw
-    in its window)."""
+    in its window). With 3-row blocks, a causal block holds fewer keys than its window."""
+    from rapids_attn.extract import blocked
     from rapids_attn.extract.maps import LayerReducer
-    from rapids_attn.extract.windows import plan_windows
+    from rapids_attn.extract.windows import plan_windows, template_ends
+
+    if small_blocks:
+        monkeypatch.setattr(blocked, "block_rows", lambda *_: 3)
 
     x = max(ids, key=len)
     n, width, overlap = len(x), 16, 4
@@ -164,7 +169,7 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids):
     i = [len(t) for t in tok.input_ids].index(n)
     got = extractor.run_windows(tok, i, width, overlap)
     types = tok.token_type_ids[i] if tok.token_type_ids is not None else None
-    plan = plan_windows(x, types, width, overlap, set(extractor.tokenizer.all_special_ids), extractor.causal)
+    plan = plan_windows(x, types, width, overlap, template_ends(extractor.tokenizer), extractor.causal)
     assert len(plan.windows) >= 3 and all(len(w) <= width for w in plan.input_ids)
     dense = torch.zeros(2, 2, n, n)  # [layer, head, n, n]
     log_seen = torch.zeros(n)
@@ -200,3 +205,13 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids):
     # the band has teeth: the maps differ from the whole input's, read in one forward
     whole = extractor.run_batch([x])
     assert not torch.allclose(whole["images"], got["images"], atol=1e-3)
+
+
+@torch.inference_mode()
+def test_windows_without_overlap_keep_every_statistic_finite(extractor, ids):
+    """window_overlap 0: a causal window's first row is then owned and sees one key (no [CLS] before it on
+    GPT-2); its normalised entropy counts as 0, never 0 / 0."""
+    x = max(ids, key=len)
+    tok = tokenize(extractor.tokenizer, EXAMPLES, max_length=16, windows=True)
+    got = extractor.run_windows(tok, [len(t) for t in tok.input_ids].index(len(x)), 16, 0)
+    assert torch.isfinite(got["stats"]).all()

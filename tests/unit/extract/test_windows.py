@@ -22,7 +22,7 @@ def _ids(content: int, specials: bool = True) -> list[int]:
 )
 def test_windows_tile_the_input(causal, content, width, overlap):
     ids = _ids(content)
-    plan = plan_windows(ids, None, width, overlap, {CLS, SEP}, causal)
+    plan = plan_windows(ids, None, width, overlap, (1, 1), causal)
     owners = [0] * len(ids)
     for w, wids in zip(plan.windows, plan.input_ids, strict=True):
         assert len(wids) <= width
@@ -41,7 +41,7 @@ def test_owned_rows_keep_context_from_the_cut():
     ids = _ids(100)
     width, overlap = 22, 10  # 20 content tokens, stride 10
     for causal in (False, True):
-        plan = plan_windows(ids, None, width, overlap, {CLS, SEP}, causal)
+        plan = plan_windows(ids, None, width, overlap, (1, 1), causal)
         for k, w in enumerate(plan.windows):
             content_rows = [r for r in w.owned.tolist() if 0 < r < len(w.positions) - 1]
             if k > 0:  # rows after a cut: overlap (causal) or half of it (bidirectional) tokens of context before
@@ -52,7 +52,7 @@ def test_owned_rows_keep_context_from_the_cut():
 
 def test_a_decoder_input_without_special_tokens():
     ids = _ids(40, specials=False)
-    plan = plan_windows(ids, [0] * 40, 16, 6, {CLS, SEP}, True)
+    plan = plan_windows(ids, [0] * 40, 16, 6, (0, 0), True)
     assert special_ends(ids, {CLS, SEP}) == (0, 0)
     assert sorted(p for w in plan.windows for p in w.positions[w.owned].tolist()) == list(range(40))
     assert plan.token_type_ids is not None and all(
@@ -62,4 +62,4 @@ def test_a_decoder_input_without_special_tokens():
 
 def test_an_overlap_that_leaves_no_stride_is_refused():
     with pytest.raises(ValueError, match="window_overlap: 14 must be less than the 14 content tokens"):
-        plan_windows(_ids(50), None, 16, 14, {CLS, SEP}, False)
+        plan_windows(_ids(50), None, 16, 14, (1, 1), False)
