@@ -52,30 +52,40 @@ def bare_model(mcfg, attention: str):
     return model.eval()
 
 
+def job_batches(tok, data: str, sample: int, seed: int, max_length: int, ecfg):
+    """The sampled questions as the job batches them: (token counts, batches of indices, padded model inputs)."""
+    from rapids_attn.data import read_examples
+    from rapids_attn.extract.batching import length_batches, tokenize
+
+    examples = list(read_examples(data, format="squad", sample=sample, seed=seed))
+    t = tokenize(tok, examples, max_length)
+    batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
+    keep = ("input_ids", "attention_mask", "token_type_ids")
+    encs = [
+        {k: v for k, v in tok.pad(t.batch(i), padding=True, return_tensors="pt").items() if k in keep} for i in batches
+    ]
+    return t.lengths, batches, encs
+
+
 def bare_process(spec: dict) -> dict:
     """One bare forward (``--bare``): load the model with ``spec['attention']``, then time its forward over
     the questions in the job's batches."""
     import torch
 
-    from rapids_attn.data import read_examples
-    from rapids_attn.extract.batching import length_batches, tokenize
     from rapids_attn.extract.model import load_tokenizer
     from rapids_attn.job import ExtractConfig, ModelConfig
 
     torch.set_num_threads(os.cpu_count())
     mcfg, ecfg = ModelConfig(**spec["model"]), ExtractConfig(**spec["extract"])
-    examples = list(read_examples(spec["data"], format="squad", sample=spec["sample"], seed=spec["seed"]))
     tok = load_tokenizer(mcfg)
     model = bare_model(mcfg, spec["attention"])
-    t = tokenize(tok, examples, spec["max_length"])
-    batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
-    padded = [tok.pad(t.batch(idx), padding=True, return_tensors="pt") for idx in batches]
+    lengths, batches, encs = job_batches(tok, spec["data"], spec["sample"], spec["seed"], spec["max_length"], ecfg)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for enc in padded:
-            model(**{k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+        for enc in encs:
+            model(**enc)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "examples": len(examples), "batches": len(batches), "tokens": sum(t.lengths)}
+    return {"seconds": seconds, "examples": len(lengths), "batches": len(batches), "tokens": sum(lengths)}
 
 
 def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
@@ -85,8 +95,6 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
     times; the best round of each."""
     import torch
 
-    from rapids_attn.data import read_examples
-    from rapids_attn.extract.batching import length_batches, tokenize
     from rapids_attn.extract.capture import AttentionCapture
     from rapids_attn.extract.maps import LayerReducer, TokenMasks, punctuation_ids, separator_ids
     from rapids_attn.extract.model import load_model, load_tokenizer
@@ -94,14 +102,8 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
 
     torch.set_num_threads(1)
     mcfg, ecfg = ModelConfig(name="minilm-l6"), ExtractConfig()
-    examples = list(read_examples(data, format="squad", sample=questions, seed=seed))
     tok = load_tokenizer(mcfg)
-    t = tokenize(tok, examples, 512)
-    batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
-    keep = ("input_ids", "attention_mask", "token_type_ids")
-    encs = [
-        {k: v for k, v in tok.pad(t.batch(i), padding=True, return_tensors="pt").items() if k in keep} for i in batches
-    ]
+    lengths, batches, encs = job_batches(tok, data, questions, seed, 512, ecfg)
     sep, punct = separator_ids(tok), punctuation_ids(tok)
     models = {a: bare_model(mcfg, a) for a in ("eager", "sdpa")}
     models["blocked"] = load_model(mcfg, "cpu", "float32", attention="blocked")
@@ -117,7 +119,7 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
         for e, idx in zip(encs, batches, strict=True):
             masks = TokenMasks.from_ids(e["input_ids"], sep, punct)
             red = LayerReducer(
-                [t.lengths[i] for i in idx], masks, list(range(n_layers)), list(range(n_heads)), 32, 16, False, "cpu"
+                [lengths[i] for i in idx], masks, list(range(n_layers)), list(range(n_heads)), 32, 16, False, "cpu"
             )
             AttentionCapture(models["blocked"], n_layers).run(e, red)
 
@@ -132,7 +134,7 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
             t0 = time.perf_counter()
             f()
             seconds[name].append(time.perf_counter() - t0)
-    return {"questions": len(examples), "batches": len(batches), "seconds": seconds}
+    return {"questions": len(lengths), "batches": len(batches), "seconds": seconds}
 
 
 def run_bare(spec: dict) -> dict:

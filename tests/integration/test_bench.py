@@ -138,6 +138,38 @@ def test_job_level_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+def test_forward_ratio_benchmark_smoke(tmp_path):
+    """python -m benchmarks.forward_ratio at 3 questions: the job and both bare forwards (each before and
+    after it) run on the same questions, the ratios are bare / job, and the phases are printed; --in-process
+    times the three cases in one process."""
+
+    def bench(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.forward_ratio", "--questions", "3", "--data", str(SHARED_SQUAD), *args],
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    out = tmp_path / "ratio.json"
+    p = bench("--set", "cluster.k_sweep=null", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    R = json.loads(out.read_text())
+    assert R["job"]["examples"] == 3
+    for att in ("eager", "sdpa"):
+        runs = R["bare"][att]
+        assert len(runs) == 2 and all(r["examples"] == 3 for r in runs)
+        mean = sum(r["seconds"] for r in runs) / 2
+        assert R["ratios"][att] == pytest.approx(mean / R["job"]["wall"])
+    assert "| worker start (LocalCluster) |" in p.stdout and "cluster.k_sweep=null" in p.stdout
+    p = bench("--in-process")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert all(f"| {case} |" in p.stdout for case in ("bare eager", "bare sdpa", "blocked capture"))
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_heads_benchmark_smoke(tmp_path, tiny_bert_dir):
     """python -m benchmarks.heads on a tiny BERT (2 x 2 heads) and 3 sampled questions: every pass runs on
     the same examples, the all-ones hooks change nothing, every ablation changes the partials, and each
