@@ -93,6 +93,23 @@ def sigint_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+@contextlib.contextmanager
+def worker_allocator_env():
+    """Start local worker processes with glibc's own malloc tuning, not distributed's.
+
+    distributed sets ``MALLOC_TRIM_THRESHOLD_=65536`` in every worker it spawns (its
+    ``distributed.nanny.pre-spawn-environ``). Setting any of glibc's thresholds turns off its dynamic mmap
+    threshold: every allocation over 128 KiB is then a fresh ``mmap`` whose pages fault in on first touch and
+    go back on free. The capture allocates blocks of scores of tens of MiB per layer, so a worker ran the
+    same forward about 20% slower than a plain process (docs/benchmarks.md, "The whole job against the bare
+    forward"). The worker gives its free heap back after each batch itself (``shard.trim_heap``), which is
+    what the setting was for. A value the user exported still wins: distributed prefers the environment."""
+    import dask
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        yield
+
+
 class IgnoreSigint(WorkerPlugin):
     """A worker plugin: each worker process of a local cluster, a restarted one too, ignores SIGINT for
     good (a blocked SIGINT could be unblocked by a library; an ignored one is discarded). ``setup`` runs
@@ -185,7 +202,7 @@ class Runtime:
         if cfg.cluster == "local":
             from distributed import LocalCluster
 
-            with sigint_blocked() if cfg.processes else contextlib.nullcontext():
+            with sigint_blocked() if cfg.processes else contextlib.nullcontext(), worker_allocator_env():
                 self.cluster = LocalCluster(**local_cluster_args(cfg, n))
             self.client = Client(self.cluster)
             if cfg.processes:
@@ -194,7 +211,7 @@ class Runtime:
             from dask_cuda import LocalCUDACluster
 
             kw = local_cuda_cluster_args(cfg, n)
-            with sigint_blocked():
+            with sigint_blocked(), worker_allocator_env():
                 self.cluster = LocalCUDACluster(**kw)
             self.client = Client(self.cluster)
             self.client.register_plugin(IgnoreSigint())
