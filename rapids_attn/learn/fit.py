@@ -85,17 +85,22 @@ def sweep_k(
 ) -> dict:
     """KMeans inertia, silhouette and, with ``stability``, the ARI against a refit with the next seed, for
     each k in [first, last] on a seeded sample of ``z``. ``best_silhouette_k`` is the best silhouette
-    among the stable k (ARI >= :data:`STABLE_ARI`), or among all when none is stable."""
+    among the stable k (ARI >= :data:`STABLE_ARI`), or among all when none is stable.
+
+    Every k's silhouette is scored on the same seeded ``sil_sample`` of the sweep's maps (those
+    ``backend.silhouette`` draws), so their pairwise distances are computed once for the whole sweep, not
+    once per k, while they fit in :data:`SWEEP_DISTANCE_BYTES`."""
     n = z.shape[0]
     idx = _sample_maps(n, sample, seed)
     zs = z[backend.xp.asarray(idx)] if backend.gpu else z[idx]
     ks = [k for k in range(k_range[0], k_range[1] + 1) if k < len(idx)]
+    scorer = _SweepSilhouette(backend, zs, sil_sample, seed)
     inertia, sil, agree = [], [], []
     for k in ks:
         km = backend.kmeans(k, seed)
         labels = km.fit_predict(zs)
         inertia.append(float(km.inertia_))
-        sil.append(backend.silhouette(zs, labels, sil_sample, seed))
+        sil.append(scorer(labels))
         agree.append(seed_agreement(backend, zs, labels, k, [seed + 1])[0] if stability else None)
     scored = [(s, k, a) for k, s, a in zip(ks, sil, agree) if s is not None]
     stable = [(s, k) for s, k, a in scored if a is None or a >= STABLE_ARI]
@@ -121,6 +126,37 @@ def _read_sample(backend: LearnBackend, feats, idx: np.ndarray, rows: int):
             block = backend.read(feats, slice(start, stop)).reshape(-1, d)
             parts.append(block[backend.xp.asarray(idx[lo:hi] - start * per_ex)])
     return backend.xp.concatenate(parts)
+
+
+#: the most bytes the k sweep's silhouette distances may take (float32: a sample of about 8,000 maps)
+SWEEP_DISTANCE_BYTES = 256 << 20
+
+
+class _SweepSilhouette:
+    """The silhouette of each k's labels on one seeded sample of the sweep's maps: the rows
+    :meth:`LearnBackend.silhouette` would draw (KMeans labels every map, so they are the same for every k),
+    their distances computed once. Beyond :data:`SWEEP_DISTANCE_BYTES`, scored per k as before."""
+
+    def __init__(self, backend: LearnBackend, z, sample: int, seed: int):
+        from sklearn.metrics import pairwise_distances
+
+        self.backend, self.z, self.sample, self.seed = backend, z, sample, seed
+        n = z.shape[0]
+        self.rows = self.dist = None
+        if 0 < sample and min(n, sample) ** 2 * 4 <= SWEEP_DISTANCE_BYTES and n >= 3:
+            self.rows = np.random.default_rng(seed).choice(n, sample, replace=False) if n > sample else np.arange(n)
+            x = backend.to_numpy(z)[self.rows].astype(np.float32)
+            self.dist = pairwise_distances(x)
+
+    def __call__(self, labels) -> float | None:
+        from sklearn.metrics import silhouette_score
+
+        if self.dist is None:
+            return self.backend.silhouette(self.z, labels, self.sample, self.seed)
+        lab = self.backend.to_numpy(labels)[self.rows]
+        if len(np.unique(lab)) < 2:
+            return None
+        return float(silhouette_score(self.dist, lab, metric="precomputed"))
 
 
 class _Model:

@@ -7,6 +7,7 @@ from helpers import learn, planted_store
 from sklearn.metrics import adjusted_rand_score
 
 import rapids_attn.learn.fit as fit_mod
+from rapids_attn.backends.learn import kmeans_args
 from rapids_attn.devices import resolve_learn_backend
 
 
@@ -57,3 +58,24 @@ def test_auto_prefers_the_best_silhouette_among_stable_k(tmp_path, monkeypatch):
     sweep = info["k_sweep"]
     stable = [(s, k) for k, s, a in zip(sweep["k"], sweep["silhouette"], sweep["stability"]) if a >= 0.9]
     assert sweep["chosen"] != 3 and sweep["chosen"] == max(stable)[1]
+
+
+@pytest.mark.parametrize("sil_sample", [40, 300, 10_000])
+def test_the_sweep_scores_every_k_as_the_silhouette_does(sil_sample, monkeypatch):
+    """The sweep computes its sample's distances once for every k; each k's silhouette is still the one
+    LearnBackend.silhouette gives its labels (the same seeded sample), and so is the fallback past the
+    distances' budget."""
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(3)
+    z = np.concatenate([rng.normal(c, 0.5, size=(100, 4)) for c in (0.0, 4.0, 8.0)]).astype(np.float32)
+    backend = resolve_learn_backend("cpu")
+    for budget in (fit_mod.SWEEP_DISTANCE_BYTES, 0):
+        monkeypatch.setattr(fit_mod, "SWEEP_DISTANCE_BYTES", budget)
+        got = fit_mod.sweep_k(backend, z, [2, 5], 1000, sil_sample, seed=7, stability=False)
+        want = [
+            backend.silhouette(z, KMeans(**kmeans_args(k, 7)).fit_predict(z), sil_sample, 7) for k in got["k"]
+        ]
+        assert got["k"] == [2, 3, 4, 5]
+        np.testing.assert_allclose(got["silhouette"], want, rtol=1e-5)
+        assert got["best_silhouette_k"] == 3
