@@ -73,9 +73,7 @@ def test_the_sweep_scores_every_k_as_the_silhouette_does(sil_sample, monkeypatch
     for budget in (fit_mod.SWEEP_DISTANCE_BYTES, 0):
         monkeypatch.setattr(fit_mod, "SWEEP_DISTANCE_BYTES", budget)
         got = fit_mod.sweep_k(backend, z, [2, 5], 1000, sil_sample, seed=7, stability=False)
-        want = [
-            backend.silhouette(z, KMeans(**kmeans_args(k, 7)).fit_predict(z), sil_sample, 7) for k in got["k"]
-        ]
+        want = [backend.silhouette(z, KMeans(**kmeans_args(k, 7)).fit_predict(z), sil_sample, 7) for k in got["k"]]
         assert got["k"] == [2, 3, 4, 5]
         np.testing.assert_allclose(got["silhouette"], want, rtol=1e-5)
         assert got["best_silhouette_k"] == 3
