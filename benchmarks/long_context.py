@@ -8,13 +8,15 @@ Three ways to run the same input, each in its own process so that one's peak is 
 - ``blocked``: the job's default capture (rapids_attn/extract/blocked.py): the model's output from SDPA, and
   every head's image, statistics, profile and detectors accumulated from blocks of query rows
   (extract.attention_block_mb, 64 MiB), never a T x T map;
+- ``capture``: the same capture with ``extract.attention_base: capture``: the model's output from the capture's
+  own blocks of weights (one wider product per block) instead of a second attention by SDPA;
 - ``eager``: the capture before it: eager attention, each layer's [heads, T, T] weights reduced whole.
 
 Memory is the peak above what the process held before the forward: on the CPU the resident set's high-water
 mark (``ru_maxrss``), on a GPU ``torch.cuda.max_memory_allocated``. A run the machine cannot hold is not
 started: its predicted size (the eager path's float32 scores, weights and softmax temporaries, 3 x heads x
 T^2 x 4 bytes per layer) is printed instead, beside the memory the machine has. Prints a markdown table,
-then the throughput of ``blocked`` as a fraction of ``sdpa`` at each length. Results are recorded in
+then the throughput of ``blocked`` and ``capture`` as a fraction of ``sdpa`` at each length. Results are recorded in
 docs/benchmarks.md ("Long contexts").
 """
 
@@ -46,7 +48,7 @@ def _model(attention: str, length: int, device: str):
         max_position_embeddings=max(length, 2048),
         use_cache=False,
     )
-    impl = {"sdpa": "sdpa", "eager": "eager", "blocked": register("sdpa")}[attention]
+    impl = {"sdpa": "sdpa", "eager": "eager", "blocked": register("sdpa"), "capture": register("capture")}[attention]
     torch.manual_seed(0)
     return LlamaModel._from_config(cfg, attn_implementation=impl).eval().to(device)
 
@@ -118,11 +120,14 @@ def main(argv=None) -> int:
         f"Llama config: {LAYERS} layers, {HEADS} heads ({KV_HEADS} key heads), hidden {HIDDEN}, batch 1, "
         f"{args.device}; {avail / 2**30:.1f} GiB available"
     )
-    print("| tokens | sdpa MiB | blocked MiB | eager MiB | sdpa s | blocked s | eager s | blocked / sdpa throughput |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| tokens | sdpa MiB | blocked MiB | capture MiB | eager MiB | sdpa s | blocked s | capture s | eager s "
+        "| blocked / sdpa | capture / sdpa |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.lengths:
         row = {}
-        for att in ("sdpa", "blocked", "eager"):
+        for att in ("sdpa", "blocked", "capture", "eager"):
             need = 3 * HEADS * n * n * 4 if att == "eager" else 0
             if need > 0.6 * avail:
                 row[att] = {"skipped": f"needs ~{need / 2**30:.0f} GiB"}
@@ -140,15 +145,14 @@ def main(argv=None) -> int:
             r = row[att]
             return r["skipped"] if "skipped" in r else format(r[key], fmt)
 
-        ratio = (
-            f"{row['sdpa']['seconds'] / row['blocked']['seconds']:.2f}"
-            if "seconds" in row["sdpa"] and "seconds" in row["blocked"]
-            else "n/a"
-        )
+        def ratio(att, row=row):
+            ok = "seconds" in row["sdpa"] and "seconds" in row[att]
+            return f"{row['sdpa']['seconds'] / row[att]['seconds']:.2f}" if ok else "n/a"
+
+        atts = ("sdpa", "blocked", "capture", "eager")
         print(
-            f"| {n:,} | {cell('sdpa', 'peak_mb', '.0f')} | {cell('blocked', 'peak_mb', '.0f')} "
-            f"| {cell('eager', 'peak_mb', '.0f')} | {cell('sdpa', 'seconds', '.2f')} | {cell('blocked', 'seconds', '.2f')} "
-            f"| {cell('eager', 'seconds', '.2f')} | {ratio} |",
+            f"| {n:,} | {' | '.join(cell(a, 'peak_mb', '.0f') for a in atts)} "
+            f"| {' | '.join(cell(a, 'seconds', '.2f') for a in atts)} | {ratio('blocked')} | {ratio('capture')} |",
             flush=True,
         )
     return 0

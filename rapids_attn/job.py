@@ -168,7 +168,10 @@ class ExtractConfig(Section):
     #: ``auto``: blocked wherever the model computes attention through transformers' attention interface.
     attention: Literal["auto", "blocked", "eager"] = "auto"
     #: the implementation that computes the model's output under the blocked capture: ``sdpa``, ``eager``, or
-    #: another that transformers knows (``flash_attention_2`` on a GPU with flash-attn installed).
+    #: another that transformers knows (``flash_attention_2`` on a GPU with flash-attn installed); or
+    #: ``capture``: each layer whose every head is captured gets its output from the capture's own blocks of
+    #: weights (one wider product per block instead of a second attention; the same output within 1e-5, about
+    #: 10% faster at 4k tokens on the CPU, docs/benchmarks.md), the rest from SDPA.
     attention_base: str = Field("sdpa", pattern=r"^[A-Za-z0-9_]+$")
     #: MiB of float32 scores and weights one block of query rows may hold (batch x heads x rows x T x 3).
     attention_block_mb: int = Field(64, gt=0)

@@ -158,6 +158,10 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair))),
         attention=cfg.extract.attention,
     )
+    if info.attention == "blocked":
+        from rapids_attn.extract.blocked import check_base
+
+        check_base(cfg.extract.attention_base)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)
     ctx = RunContext(

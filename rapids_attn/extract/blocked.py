@@ -35,10 +35,29 @@ def implementation_name(base: str) -> str:
     return PREFIX + base
 
 
+#: ``extract.attention_base: capture``: the capture's own softmax gives the model's output (see :func:`register`)
+OWN = "capture"
+
+
+def check_base(base: str) -> None:
+    """Preflight: ``extract.attention_base`` names an implementation this capture can run over."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from rapids_attn.errors import ModelError
+
+    if base not in (OWN, "eager") and base not in ALL_ATTENTION_FUNCTIONS:
+        known = ", ".join(sorted({OWN, "eager", *ALL_ATTENTION_FUNCTIONS.keys()} - {b for b in _REGISTERED}))
+        raise ModelError(f"extract.attention_base: unknown attention implementation '{base}'; use one of: {known}")
+
+
 def register(base: str = "sdpa") -> str:
     """Register ``rapids_blocked_<base>`` with transformers' attention and mask interfaces; returns the name.
 
-    The mask function is the base's, so the base computes exactly what it would alone."""
+    The mask function is the base's, so the base computes exactly what it would alone. With ``base``
+    :data:`OWN` (``capture``), a layer whose every head is captured gets its output from the capture's own
+    softmax: each block of weights times the values (one more product per block, ``[rows, T] x [T, d + 1]``,
+    the last column giving the rows' sums) instead of a second attention over the same scores; the masks
+    are SDPA's, and a layer outside the capture, or a forward without one, runs SDPA."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -46,24 +65,30 @@ def register(base: str = "sdpa") -> str:
     name = implementation_name(base)
     if name in _REGISTERED:
         return name
-    if base != "eager" and base not in ALL_ATTENTION_FUNCTIONS:
+    own = base == OWN
+    fallback = "sdpa" if own else base
+    if fallback != "eager" and fallback not in ALL_ATTENTION_FUNCTIONS:
         raise ValueError(f"unknown attention implementation {base!r}")
     try:
-        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[base]
+        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[fallback]
     except KeyError:  # an implementation with no mask function of its own gets no mask, as it would alone
         mask_fn = None
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        # eager attention is each model's own function, beside its attention class
-        base_fn = _model_eager(module) if base == "eager" else ALL_ATTENTION_FUNCTIONS[base]
-        out = base_fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         capture = getattr(module, "_rapids_capture", None)
+        out = None
         if capture is not None:
             sink, layer = capture
             if sink.wants(layer):
-                blocked_weights(module, query, key, attention_mask, scaling, sink, layer, kwargs)
+                out = blocked_weights(
+                    module, query, key, attention_mask, scaling, sink, layer, kwargs, value if own else None
+                )
             sink.end_layer(layer)
-        return out[0], None
+        if out is None:
+            # eager attention is each model's own function, beside its attention class
+            base_fn = _model_eager(module) if fallback == "eager" else ALL_ATTENTION_FUNCTIONS[fallback]
+            out = base_fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)[0]
+        return out, None
 
     AttentionInterface.register(name, attention)
     if mask_fn is not None:
@@ -122,10 +147,14 @@ def _position_hide(mask, r0: int, rows: int, past: int, kv: int, causal: bool, w
     return hide
 
 
-def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: int, kwargs: dict) -> None:
+def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: int, kwargs: dict, value=None):
     """Hand one layer's attention weights to ``sink`` as blocks of query rows (``sink.add_rows``), with each
     row's entropy and maximum from the softmax's own normaliser: with ``z = sum_j exp(s_j - max s)``, the
     row's maximum weight is 1 / z and its entropy ``log z + max s - sum_j p_j s_j``.
+
+    With ``value``, the layer's attention output too ([batch, q_len, head, d], as transformers' functions
+    return it), from the same blocks of weights, where the capture reads every query head (and the module
+    is not training with dropout); otherwise, and without ``value``, None.
 
     Where nothing but the mask changes the scores (no soft-capping, a boolean, 2-D or absent mask), the
     work per block is kept to the few passes a softmax needs:
@@ -158,6 +187,19 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
         rows = min(2 * rows, q_len)
     sk = sinks.float().index_select(0, idx).reshape(1, -1, 1, 1) if sinks is not None else None
     numerators = bool(getattr(sink, "takes_numerators", False))  # LayerReducer: see SoftmaxRows
+    own = (
+        value is not None
+        and heads == list(range(n_q_heads))
+        and not (module.training and getattr(module, "attention_dropout", getattr(module, "dropout", 0.0)))
+    )
+    # the numerators' path: the reducer's product gives the output beside the rest; otherwise one more product
+    # here, [b, h, kv, d_v + 1]: each head's values and a column of ones (the rows' sums of the numerators)
+    fused = own and plain and sk is None and numerators
+    if own:
+        v = value.index_select(1, torch.div(idx, rep, rounding_mode="floor")).float()
+        v_one = None if fused else torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        # rows past an example's length are not the reducer's: their output is 0 (no real token reads them)
+        out = torch.zeros(query.shape[0], n_q_heads, q_len, v.shape[-1], dtype=torch.float32, device=query.device)
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)
         kv = _visible_keys(mask, r0, r1, past, kv_len) if causal and plain else kv_len  # keys these rows can see
@@ -178,8 +220,13 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
         else:  # s is kept for the entropy
             w = torch.exp((s - top).clamp_(min=-80.0))
         _zero_hidden(w, hide)
+        if own and not fused:  # the output's rows: numerators x values, over their sums (plus the sink's term)
+            pv = torch.matmul(w, v_one[:, :, : w.shape[-1]])
+            z_out = pv[..., -1:] if sk is None else pv[..., -1:] + torch.exp(sk - top)
+            out[:, :, r0:r1] = pv[..., :-1] / z_out.clamp_min(1e-30)
         if plain and sk is None and numerators:  # the reducer divides by the row sums it takes from its product
-            sink.add_rows(layer, w, r0, selected=True, softmax=SoftmaxRows(top[..., 0], q[:, :, r0:r1], k))
+            sm = SoftmaxRows(top[..., 0], q[:, :, r0:r1], k, v if fused else None, out if fused else None)
+            sink.add_rows(layer, w, r0, selected=True, softmax=sm)
             del s, w
             continue
         z = w.sum(-1, keepdim=True)
@@ -198,6 +245,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
             entropy = (torch.log(z) + top - ps).squeeze(-1)
             sink.add_rows(layer, w, r0, selected=True, row_entropy=entropy, row_max=(1.0 / z).squeeze(-1))
         del s, w
+    return out.transpose(1, 2).to(query.dtype).contiguous() if own else None
 
 
 def _visible_keys(mask, r0: int, r1: int, past: int, kv_len: int) -> int:

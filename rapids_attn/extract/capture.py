@@ -68,10 +68,9 @@ class AttentionCapture:
             self.mode = "blocked"
 
     @torch.inference_mode()
-    def run(self, batch: dict, sink: Sink) -> None:
-        if self.mode == "blocked":
-            self._run_blocked(batch, sink if hasattr(sink, "add_rows") else _Assembled(sink))
-            return
+    def run(self, batch: dict, sink: Sink):
+        if self.mode == "blocked":  # the model's output too (with extract.attention_base capture, the capture's)
+            return self._run_blocked(batch, sink if hasattr(sink, "add_rows") else _Assembled(sink))
         if self.mode == "output_attentions":
             out = self.model(**batch, output_attentions=True)
             atts = getattr(out, "attentions", None)
@@ -111,7 +110,7 @@ class AttentionCapture:
                 "the model skipped layers or does not expose its attention"
             )
 
-    def _run_blocked(self, batch: dict, sink) -> None:
+    def _run_blocked(self, batch: dict, sink):
         """The blocked attention function (:mod:`rapids_attn.extract.blocked`) hands each layer's rows to
         ``sink`` as the layer runs: tell each attention module its layer and the sink for this forward."""
         seen: list[int] = []
@@ -128,7 +127,7 @@ class AttentionCapture:
         for i, m in enumerate(self.modules):
             m._rapids_capture = (counting, i)
         try:
-            self.model(**batch)
+            output = self.model(**batch)
         finally:
             for m in self.modules:
                 m.__dict__.pop("_rapids_capture", None)
@@ -137,6 +136,7 @@ class AttentionCapture:
                 f"model.name: captured attention from {len(set(seen))} of {self.n_layers} layers; "
                 "the model skipped layers or does not call its attention function"
             )
+        return output
 
 
 class _Assembled:

@@ -333,11 +333,17 @@ def area_resize(a: torch.Tensor, size: int) -> torch.Tensor:
 class SoftmaxRows:
     """What :meth:`LayerReducer.add_rows` needs to finish a block of softmax numerators ``exp(s_ij - top_i)``
     with ``s_ij = q_i . k_j``: ``top`` [batch, head, rows], the block's ``queries`` [batch, head, rows, d] (scaled
-    as the scores are) and the layer's ``keys`` [batch, head, kv, d] (one per reducer head)."""
+    as the scores are) and the layer's ``keys`` [batch, head, kv, d] (one per reducer head).
+
+    With ``values`` [batch, head, kv, d_v] (the layer's, one per reducer head) and ``out`` [batch, head, q_len,
+    d_v], the same product also gives the attention output of the block's rows, written to ``out`` (the
+    blocked capture's ``attention_base: capture``); rows past an example's length are left as they are."""
 
     top: torch.Tensor
     queries: torch.Tensor
     keys: torch.Tensor
+    values: torch.Tensor | None = None
+    out: torch.Tensor | None = None
 
 
 class LayerReducer:
@@ -493,10 +499,14 @@ class LayerReducer:
                 # side broadcast) runs about twice as fast on the CPU as one [head x m, kw] x [kw, 5] product
                 both = torch.bmm(c, right[:kw, s:].expand(c.shape[0], -1, -1))
             else:  # numerators: the same product with each head's keys beside, then divided by the row sums
-                full = torch.bmm(c, acc.right_with_keys(b, right[:, s:], softmax.keys[wb, :, :n])[:, :kw])
+                vals = None if softmax.values is None else softmax.values[wb, :, :n]
+                full = torch.bmm(c, acc.right_with_keys(b, right[:, s:], softmax.keys[wb, :, :n], vals)[:, :kw])
                 z = full[..., _K["mass"]]  # [head, m]
                 inv = 1.0 / z
-                dot = (full[..., 5:] * softmax.queries[wb, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
+                d = softmax.queries.shape[-1]
+                dot = (full[..., 5 : 5 + d] * softmax.queries[wb, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
+                if vals is not None:  # the rows' attention output: sum_j p_ij v_j
+                    softmax.out[wb, :, r0 : r0 + m] = full[..., 5 + d :] * inv[..., None]
                 row_entropy = (torch.log(z) + softmax.top[wb, :, :m].float() - dot)[None]
                 row_max = inv[None]
                 both = full[..., :5] * inv[..., None]
@@ -705,11 +715,14 @@ class _RowSums:
         self.rows = torch.zeros(batch, 4, device=device, dtype=torch.int64)
         self._right: dict[int, torch.Tensor] = {}
 
-    def right_with_keys(self, b: int, right: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """[head, n, 5 + d]: example b's key columns and positions beside each head's keys [head, n, d], built
-        once a layer (the keys are the layer's)."""
+    def right_with_keys(
+        self, b: int, right: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[head, n, 5 + d (+ d_v)]: example b's key columns and positions beside each head's keys [head, n, d]
+        (and values), built once a layer (the keys are the layer's)."""
         r = self._right.get(b)
         if r is None:
             h, n = keys.shape[0], keys.shape[1]
-            r = self._right[b] = torch.cat([right[:n].expand(h, -1, -1), keys.float()], dim=-1)
+            parts = [right[:n].expand(h, -1, -1), keys.float()] + ([] if values is None else [values.float()])
+            r = self._right[b] = torch.cat(parts, dim=-1)
         return r

@@ -134,6 +134,7 @@ CASES = [
     ("relevance-no-methods", ["relevance.enabled=true", "relevance.methods=[]"], [], "", "relevance.methods:"),
     ("relevance-method-unknown", ["relevance.methods=[saliency]"], [], "", "relevance.methods"),
     ("relevance-residual-2", ["relevance.residual=2"], [], "", "relevance.residual:"),
+    ("attention-base-unknown", ["extract.attention_base=nosuch"], [], "", "extract.attention_base: unknown"),
 ]
 
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+import rapids_attn.extract.blocked as blocked_mod
 from rapids_attn.extract.blocked import block_rows, register
 from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import LayerReducer, TokenMasks
@@ -116,6 +117,43 @@ def test_blocked_equals_eager(kind, heads):
         out = blocked(**batch).last_hidden_state
     for b, n in enumerate(lengths):
         torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("heads", [[0, 1, 2, 3], [3, 1]])
+def test_the_capture_base_gives_the_output_from_its_own_weights(kind, heads):
+    """extract.attention_base capture: where the capture reads every head, the layer's output is its own
+    blocks of weights times the values; the maps are eager's and the output SDPA's, within 1e-5. With two
+    heads captured, every layer falls back to SDPA for the output."""
+    eager, _, sdpa, cfg = _models(kind)
+    own = type(eager)._from_config(copy.deepcopy(cfg), attn_implementation=register("capture")).eval()
+    own.load_state_dict(eager.state_dict())
+    causal = kind != "bert"
+    lengths = [23, 17, 9, 1]
+    batch = _batch(lengths)
+    ref = _reduce(eager, batch, lengths, heads, causal, 1 << 26)
+    masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
+    calls = []
+    real = blocked_mod.blocked_weights
+
+    def spy(*args):
+        out = real(*args)
+        calls.append(out is not None)
+        return out
+
+    for budget in (1 << 26, 2000):  # one block a layer; many blocks
+        red = LayerReducer(lengths, masks, [0, 1], heads, 8, 4, causal, "cpu", block_bytes=budget)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(blocked_mod, "blocked_weights", spy)
+            out = AttentionCapture(own, 2).run(batch, red).last_hidden_state
+        assert calls == [len(heads) == 4] * 2
+        calls.clear()
+        for name in ("images", "thumbs", "stats", "profile", "detectors"):
+            torch.testing.assert_close(getattr(red, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
+        with torch.inference_mode():
+            want = sdpa(**batch).last_hidden_state
+        for b, n in enumerate(lengths):
+            torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
