@@ -8,8 +8,8 @@ is the wall clock from launching ``python -m rapids_attn.run`` to its exit: proc
 start, model loading, extract, learn and explain all count.
 
 The bare forwards run in their own processes, one per attention (``eager``, ``sdpa``), on the same questions
-tokenized the same way (the job's tokenizer and max_length), in the job's length-bucketed batches under its
-token budget, with torch on every core (``torch.set_num_threads(os.cpu_count())``) and inference mode: the
+tokenized the same way (the job's tokenizer and max_length), in the job's batches (its shards of
+``extract.shard_size`` questions, each grouped by the extractor's least-cost rule under its token budget), with torch on every core (``torch.set_num_threads(os.cpu_count())``) and inference mode: the
 model's forward and nothing else, timed from the first batch to the last (model loading excluded). Each
 bare forward runs once before the job and once after, so the host's drifting load falls on both sides;
 their mean is the figure.
@@ -52,14 +52,21 @@ def bare_model(mcfg, attention: str):
     return model.eval()
 
 
-def job_batches(tok, data: str, sample: int, seed: int, max_length: int, ecfg):
-    """The sampled questions as the job batches them: (token counts, batches of indices, padded model inputs)."""
+def job_batches(tok, data: str, sample: int, seed: int, max_length: int, ecfg, hidden_size: int):
+    """The sampled questions as the job batches them on the CPU: its shards of ``extract.shard_size`` consecutive
+    questions, each grouped by the extractor's least-cost rule (:class:`BatchCost`): (token counts, batches of
+    indices, padded model inputs)."""
     from rapids_attn.data import read_examples
-    from rapids_attn.extract.batching import length_batches, tokenize
+    from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
 
     examples = list(read_examples(data, format="squad", sample=sample, seed=seed))
     t = tokenize(tok, examples, max_length)
-    batches = length_batches(t.lengths, ecfg.token_budget, ecfg.max_batch_size)
+    cost = BatchCost.for_model(hidden_size, "cpu")
+    batches = []
+    for start in range(0, len(examples), ecfg.shard_size):
+        lengths = t.lengths[start : start + ecfg.shard_size]
+        for b in length_batches(lengths, ecfg.token_budget, ecfg.max_batch_size, cost=cost):
+            batches.append([start + i for i in b])
     keep = ("input_ids", "attention_mask", "token_type_ids")
     encs = [
         {k: v for k, v in tok.pad(t.batch(i), padding=True, return_tensors="pt").items() if k in keep} for i in batches
@@ -79,7 +86,9 @@ def bare_process(spec: dict) -> dict:
     mcfg, ecfg = ModelConfig(**spec["model"]), ExtractConfig(**spec["extract"])
     tok = load_tokenizer(mcfg)
     model = bare_model(mcfg, spec["attention"])
-    lengths, batches, encs = job_batches(tok, spec["data"], spec["sample"], spec["seed"], spec["max_length"], ecfg)
+    lengths, batches, encs = job_batches(
+        tok, spec["data"], spec["sample"], spec["seed"], spec["max_length"], ecfg, model.config.hidden_size
+    )
     t0 = time.perf_counter()
     with torch.inference_mode():
         for enc in encs:
@@ -103,10 +112,10 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
     torch.set_num_threads(1)
     mcfg, ecfg = ModelConfig(name="minilm-l6"), ExtractConfig()
     tok = load_tokenizer(mcfg)
-    lengths, batches, encs = job_batches(tok, data, questions, seed, 512, ecfg)
     sep, punct = separator_ids(tok), punctuation_ids(tok)
     models = {a: bare_model(mcfg, a) for a in ("eager", "sdpa")}
     models["blocked"] = load_model(mcfg, "cpu", "float32", attention="blocked")
+    lengths, batches, encs = job_batches(tok, data, questions, seed, 512, ecfg, models["blocked"].config.hidden_size)
     n_layers = models["blocked"].config.num_hidden_layers
     n_heads = models["blocked"].config.num_attention_heads
 

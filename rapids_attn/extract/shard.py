@@ -22,7 +22,7 @@ import torch
 from rapids_attn.data.example import Example
 from rapids_attn.data.index import Rows
 from rapids_attn.devices import ExtractDevices, empty_device_cache
-from rapids_attn.extract.batching import length_batches, tokenize
+from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import (
     DETECTOR_NAMES,
@@ -121,6 +121,8 @@ class Extractor:
         # hooks are registered per forward: two threads sharing this extractor must take turns
         self.lock = threading.Lock()
         self.causal = self._probe_causal()
+        #: how the shard's inputs are grouped into batches: least padded work (extract/batching.py)
+        self.batch_cost = BatchCost.for_model(int(getattr(self.model.config, "hidden_size", 768) or 768), self.device)
 
     def _probe_causal(self) -> bool:
         """True when every head of every layer puts no mass above the diagonal (decoder attention)."""
@@ -226,7 +228,9 @@ class Extractor:
         short = [i for i in range(n) if i not in set(long)]
         batches = [
             [short[j] for j in b]
-            for b in length_batches([tok.lengths[i] for i in short], ecfg.token_budget, ecfg.max_batch_size, att_budget)
+            for b in length_batches(
+                [tok.lengths[i] for i in short], ecfg.token_budget, ecfg.max_batch_size, att_budget, self.batch_cost
+            )
         ] + [[i] for i in long]
         for idx in batches:
             t1 = time.perf_counter()

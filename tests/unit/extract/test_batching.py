@@ -4,12 +4,13 @@ tokenization with truncation flags."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
 
 from rapids_attn.data.example import Example
-from rapids_attn.extract.batching import length_batches, tokenize
+from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
 
 
 def check_batches(lengths: list[int], budget: int, max_bs: int) -> list[list[int]]:
@@ -153,3 +154,61 @@ def test_attention_budget_bounds_batch_times_length_squared():
     # without it, the token budget alone would put the two longest inputs together
     assert any(0 in b and 1 in b for b in length_batches(lengths, 10_000, 64))
     assert not any(0 in b and 1 in b for b in batches)
+
+
+def _cost_of(batches, lengths, cost):
+    return sum(cost(len(b), max(lengths[i] for i in b)) for b in batches)
+
+
+def test_least_cost_grouping_keeps_a_long_input_off_short_ones():
+    """Greedy packing fills the token budget: one 100-token input pads nine 10-token ones (10 x 100^2 attention
+    pairs for 100^2 + 9 x 10^2 real). The least-cost grouping gives it a batch of its own."""
+    lengths = [100] + [10] * 9
+    assert length_batches(lengths, 1000, 64) == [list(range(10))]
+    cost = BatchCost(token=100.0, batch=1000.0)
+    batches = length_batches(lengths, 1000, 64, cost=cost)
+    assert batches == [[0], list(range(1, 10))]
+    assert _cost_of(batches, lengths, cost) < _cost_of([list(range(10))], lengths, cost)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_least_cost_grouping_is_optimal_and_within_the_budgets(seed):
+    """Against every grouping of the sorted lengths into consecutive runs (brute force on 9 inputs): the least
+    cost, every index once, the budgets kept (an over-budget input alone)."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(1, 20), rng.randint(20, 120)]) for _ in range(9)]
+    budget, max_bs, att = 240, 4, 120 * 120 * 2
+    cost = BatchCost(token=rng.choice([0.0, 30.0, 300.0]), batch=rng.choice([0.0, 500.0, 20_000.0]))
+    got = length_batches(lengths, budget, max_bs, att, cost=cost)
+    assert sorted(i for b in got for i in b) == list(range(9))
+    for b in got:
+        longest = max(lengths[i] for i in b)
+        assert len(b) == 1 or (len(b) <= max_bs and len(b) * longest <= budget and len(b) * longest**2 <= att)
+    order = sorted(range(9), key=lambda i: -lengths[i])
+    best = math.inf
+    for cuts in itertools.product([0, 1], repeat=8):  # a cut after sorted position k or not
+        runs, cur = [], [order[0]]
+        for k, cut in enumerate(cuts):
+            if cut:
+                runs.append(cur)
+                cur = []
+            cur.append(order[k + 1])
+        runs.append(cur)
+        ok = all(
+            len(r) == 1
+            or (
+                len(r) <= max_bs
+                and len(r) * max(lengths[i] for i in r) <= budget
+                and len(r) * max(lengths[i] for i in r) ** 2 <= att
+            )
+            for r in runs
+        )
+        if ok:
+            best = min(best, _cost_of(runs, lengths, cost))
+    assert _cost_of(got, lengths, cost) == pytest.approx(best)
+
+
+def test_the_extractor_groups_by_least_cost_on_the_cpu_only():
+    assert BatchCost.for_model(384, "cuda:0") is None
+    c = BatchCost.for_model(384, "cpu")
+    assert c.token == 768 and c.batch == 64 * 768
