@@ -76,14 +76,19 @@ def register(base: str = "sdpa") -> str:
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         capture = getattr(module, "_rapids_capture", None)
+        # transformers' SDPA drops attention sinks (s_aux: gpt-oss and others), and the model's eager function would
+        # misread SDPA's boolean (or absent) mask: such a layer's output comes from the blocked softmax, which has both
+        mine = own or (fallback == "sdpa" and kwargs.get("s_aux") is not None)
         out = None
         if capture is not None:
             sink, layer = capture
             if sink.wants(layer):
                 out = blocked_weights(
-                    module, query, key, attention_mask, scaling, sink, layer, kwargs, value if own else None
+                    module, query, key, attention_mask, scaling, sink, layer, kwargs, value if mine else None
                 )
             sink.end_layer(layer)
+        if out is None and mine and kwargs.get("s_aux") is not None:  # not captured (or some heads): output alone
+            out = blocked_weights(module, query, key, attention_mask, scaling, _OUTPUT_ONLY, 0, kwargs, value)
         if out is None:
             # eager attention is each model's own function, beside its attention class
             base_fn = _model_eager(module) if fallback == "eager" else ALL_ATTENTION_FUNCTIONS[fallback]
@@ -95,6 +100,20 @@ def register(base: str = "sdpa") -> str:
         ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask_fn)
     _REGISTERED.add(name)
     return name
+
+
+class _OutputOnly:
+    """A sink that takes no rows: :func:`blocked_weights` then computes a layer's output alone (every head)."""
+
+    head_list = None
+    block_bytes = 64 << 20
+    takes_numerators = False
+
+    def add_rows(self, *args, **kwargs) -> None:
+        pass
+
+
+_OUTPUT_ONLY = _OutputOnly()
 
 
 def _model_eager(module):

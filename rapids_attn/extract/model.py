@@ -96,6 +96,23 @@ def blocked_supported(config) -> bool:
     return bool(getattr(cls, "_supports_attention_backend", False))
 
 
+def resolve_base(base: str, config) -> str:
+    """``extract.attention_base`` for this model: ``sdpa`` becomes ``capture`` (the output from the capture's own
+    softmax) where the model's class declares no SDPA support, as gpt-oss, whose attention sinks transformers'
+    SDPA drops: transformers refuses any implementation named for SDPA on such a model."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    from rapids_attn.extract.blocked import OWN
+
+    if base != "sdpa":
+        return base
+    try:
+        cls = MODEL_MAPPING[type(config)]
+    except (KeyError, ValueError):
+        return base
+    return base if getattr(cls, "_supports_sdpa", True) else OWN
+
+
 def resolve_attention(choice: str, config, name: str) -> str:
     """``extract.attention`` (auto, blocked, eager) for this model -> blocked or eager."""
     ok = blocked_supported(config)
@@ -238,7 +255,7 @@ def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str
 
     source, config = _load_config(cfg)
     mode = resolve_attention(attention, config, cfg.name)
-    want = register(base) if mode == "blocked" else "eager"
+    want = register(resolve_base(base, config)) if mode == "blocked" else "eager"
     try:
         model = AutoModel.from_pretrained(
             source,

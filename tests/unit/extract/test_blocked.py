@@ -12,6 +12,7 @@ import rapids_attn.extract.blocked as blocked_mod
 from rapids_attn.extract.blocked import block_rows, register
 from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import LayerReducer, TokenMasks
+from rapids_attn.extract.model import resolve_base
 
 VOCAB = 97
 
@@ -154,6 +155,66 @@ def test_the_capture_base_gives_the_output_from_its_own_weights(kind, heads):
             want = sdpa(**batch).last_hidden_state
         for b, n in enumerate(lengths):
             torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+
+
+def _gpt_oss():
+    """gpt-oss: attention sinks (s_aux), a sliding-window layer and a full one, grouped-query attention."""
+    from transformers import GptOssConfig, GptOssModel
+
+    return GptOssModel, GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        max_position_embeddings=160,
+        sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+
+
+@pytest.mark.parametrize("base", ["sdpa", "capture"])
+@pytest.mark.parametrize("layers", [[0, 1], [0]])
+def test_attention_sinks_reach_the_output_and_the_maps(base, layers):
+    """transformers' SDPA drops a model's attention sinks; the blocked capture must not: the output (every
+    layer's, a layer outside the capture too, and a forward without a capture) and the maps equal eager's
+    within 1e-5."""
+    cls, cfg = _gpt_oss()
+    torch.manual_seed(0)
+    eager = cls._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    with torch.no_grad():
+        for layer in eager.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)  # sinks that take a real share of the softmax
+    # transformers refuses an implementation named for SDPA on gpt-oss (no SDPA support): the job's load resolves
+    # the default base to the capture's own output there
+    assert resolve_base(base, cfg) == "capture"
+    blocked = cls._from_config(copy.deepcopy(cfg), attn_implementation=register(resolve_base(base, cfg))).eval()
+    blocked.load_state_dict(eager.state_dict())
+    lengths = [23, 17, 9, 1]
+    batch = _batch(lengths)
+    masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
+    heads = [0, 1, 2, 3]
+    ref = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=1 << 26)
+    AttentionCapture(eager, 2).run(batch, ref)
+    red = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=2000)
+    out = AttentionCapture(blocked, 2).run(batch, red).last_hidden_state
+    for name in ("images", "thumbs", "stats", "profile", "detectors"):
+        torch.testing.assert_close(getattr(red, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
+    with torch.inference_mode():
+        want = eager(**batch).last_hidden_state
+        alone = blocked(**batch).last_hidden_state  # no capture: every layer's output from the fallback
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(alone[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_the_sdpa_base_stays_where_the_model_supports_sdpa():
+    assert resolve_base("sdpa", _llama()[1]) == "sdpa"
+    assert resolve_base("eager", _gpt_oss()[1]) == "eager"
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
