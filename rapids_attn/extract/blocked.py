@@ -78,7 +78,8 @@ def register(base: str = "sdpa") -> str:
         capture = getattr(module, "_rapids_capture", None)
         # transformers' SDPA drops attention sinks (s_aux: gpt-oss and others), and the model's eager function would
         # misread SDPA's boolean (or absent) mask: such a layer's output comes from the blocked softmax, which has both
-        mine = own or (fallback == "sdpa" and kwargs.get("s_aux") is not None)
+        has_sinks = kwargs.get("s_aux") is not None
+        mine = own or (fallback == "sdpa" and has_sinks)
         out = None
         if capture is not None:
             sink, layer = capture
@@ -87,7 +88,7 @@ def register(base: str = "sdpa") -> str:
                     module, query, key, attention_mask, scaling, sink, layer, kwargs, value if mine else None
                 )
             sink.end_layer(layer)
-        if out is None and mine and kwargs.get("s_aux") is not None:  # not captured (or some heads): output alone
+        if out is None and mine and has_sinks:  # not captured (or some heads): output alone
             out = blocked_weights(module, query, key, attention_mask, scaling, _OUTPUT_ONLY, 0, kwargs, value)
         if out is None:
             # eager attention is each model's own function, beside its attention class
@@ -108,6 +109,7 @@ class _OutputOnly:
     head_list = None
     block_bytes = 64 << 20
     takes_numerators = False
+    takes_rows = False  # blocked_weights skips the normalising that only a sink's rows need
 
     def add_rows(self, *args, **kwargs) -> None:
         pass
@@ -188,9 +190,10 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     kv_len = key.shape[2]
     rep = n_q_heads // key.shape[1]  # grouped-query attention: query head h reads key head h // rep
     idx = torch.tensor(heads, device=query.device)
+    kv_heads = torch.div(idx, rep, rounding_mode="floor")
     scale = scaling if scaling is not None else 1.0 / math.sqrt(head_dim)
     q = query.index_select(1, idx).float() * scale
-    k = key.index_select(1, torch.div(idx, rep, rounding_mode="floor")).float()  # [b, h, kv, d]
+    k = key.index_select(1, kv_heads).float()  # [b, h, kv, d]
     # [b, h, d, kv] as a view: BLAS takes it as a transposed operand, about twice as fast on the CPU as a copy
     k_t = k.transpose(-1, -2)
     softcap = kwargs.get("softcap")
@@ -215,7 +218,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     # here, [b, h, kv, d_v + 1]: each head's values and a column of ones (the rows' sums of the numerators)
     fused = own and plain and sk is None and numerators
     if own:
-        v = value.index_select(1, torch.div(idx, rep, rounding_mode="floor")).float()
+        v = value.index_select(1, kv_heads).float()
         v_one = None if fused else torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
         # rows past an example's length are not the reducer's: their output is 0 (no real token reads them)
         out = torch.zeros(query.shape[0], n_q_heads, q_len, v.shape[-1], dtype=torch.float32, device=query.device)
@@ -243,6 +246,9 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
             pv = torch.matmul(w, v_one[:, :, : w.shape[-1]])
             z_out = pv[..., -1:] if sk is None else pv[..., -1:] + torch.exp(sk - top)
             out[:, :, r0:r1] = pv[..., :-1] / z_out.clamp_min(1e-30)
+        if not getattr(sink, "takes_rows", True):  # the output alone (_OutputOnly)
+            del s, w
+            continue
         if plain and sk is None and numerators:  # the reducer divides by the row sums it takes from its product
             sm = SoftmaxRows(top[..., 0], q[:, :, r0:r1], k, v if fused else None, out if fused else None)
             sink.add_rows(layer, w, r0, selected=True, softmax=sm)
