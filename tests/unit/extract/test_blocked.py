@@ -287,3 +287,26 @@ def test_a_causal_block_reads_later_keys_a_prefix_mask_shows():
     prefix[..., :6, :6] = True  # the first 6 tokens see each other
     assert _visible_keys(prefix, 0, 4, 0, 10) == 10
     assert _visible_keys(prefix, 6, 8, 0, 10) == 8
+
+
+def test_one_scores_buffer_serves_every_block_and_layer(monkeypatch):
+    """A block's scores go to the reducer's one scratch buffer (blocked._scratch): fresh CPU memory per block
+    would page-fault on every block past glibc's mmap threshold."""
+    eager, blocked, _, _ = _models("llama")
+    lengths = [23, 17, 9, 1]
+    batch = _batch(lengths)
+    buffers = []
+    real = blocked_mod._scratch
+
+    def spy(sink, numel, device):
+        buf = real(sink, numel, device)
+        buffers.append(buf.data_ptr())
+        return buf
+
+    monkeypatch.setattr(blocked_mod, "_scratch", spy)
+    budget = 3 * (4 * 4 * 23 * 4 * 3 + 23 * 4 * 6)  # 3 rows a block: many blocks per layer
+    got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], True, budget)
+    assert len(buffers) == 2 and len(set(buffers)) == 1  # one buffer, both layers
+    assert got.scratch is not None and got.scratch.numel() <= 4 * 4 * 6 * 23  # two causal blocks' rows at most
+    ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], True, 1 << 26)
+    torch.testing.assert_close(got.stats, ref.stats, rtol=1e-5, atol=1e-5, equal_nan=True)
