@@ -44,6 +44,10 @@ _HOW = {
 }
 
 
+#: the stages that run on a local cluster's workers
+WORKER_STAGES = {"extract", "relevance", "heads"}
+
+
 def default_stages(cfg: JobConfig | None = None) -> tuple[str, ...]:
     """The stages a run without --stages runs: every stage the job does not leave off (``heads.enabled``)."""
     return tuple(name for name, st in STAGES.items() if cfg is None or st.runs_by_default(cfg))
@@ -215,6 +219,10 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bo
     stages = default_stages(cfg) if stages is None else stages
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
+    if WORKER_STAGES & set(stages):  # the workers' imports run beside the checks (runtime.start_worker_server)
+        from rapids_attn.runtime import start_worker_server
+
+        start_worker_server(cfg.runtime)
     plan = preflight(cfg, stages, overwrite)
     from rapids_attn.runlock import run_lock
 

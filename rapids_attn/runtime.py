@@ -110,6 +110,88 @@ def worker_allocator_env():
         yield
 
 
+#: what a local worker process imports before its first task can run (about 2.5 s of a 2-core machine's CPU per
+#: worker): the fork server imports them once, and every worker forks from it with them in memory
+WORKER_MODULES = (
+    "distributed",
+    "torch",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.tokenization_auto",
+    "rapids_attn.extract.shard",
+    "rapids_attn.heads.work",
+    "rapids_attn.relevance.work",
+)
+
+_server_env: dict[str, str] | None = None  # the environment the fork server of this process was started with
+_server_pid: int | None = None  # and its process id: a server started again by another (distributed) is not ours
+
+
+def worker_env() -> dict[str, str]:
+    """The variables distributed sets for a local worker process before it starts: its
+    ``distributed.nanny.pre-spawn-environ`` (less ``MALLOC_TRIM_THRESHOLD_``, :func:`worker_allocator_env`), a
+    value the user exported winning, and the nanny's ``PYTHONHASHSEED``."""
+    import dask
+
+    with worker_allocator_env():  # read inside: dask.config.get returns the live mapping, restored on leaving
+        env = {
+            k: os.environ.get(k, str(v))
+            for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
+            if v is not None
+        }
+    if env.get("PYTHONHASHSEED") in (None, "0"):  # as distributed's Nanny: one seed for every worker
+        env["PYTHONHASHSEED"] = "6640"
+    return env
+
+
+def start_worker_server(cfg) -> bool:
+    """Start (or find running) the fork server a local cluster's worker processes fork from; returns whether
+    this cluster's workers can fork from it (``runtime.cluster: local`` with processes, where the platform has
+    the ``forkserver`` start method).
+
+    A worker spawned afresh imports torch, transformers and the job's modules before its first task (about 3 s
+    on two cores, each worker at once). The fork server is a fresh interpreter that imports them once
+    (:data:`WORKER_MODULES`); :func:`rapids_attn.pipeline.run_job` starts it before its preflight, so the
+    imports run beside the job's checks, and each worker starts as a fork of it with the modules in memory.
+    The server starts with the environment a spawned worker would get (:func:`worker_env`: glibc reads its
+    malloc settings at a process's start, and a fork keeps them) and with SIGINT blocked
+    (:func:`sigint_blocked`), which its forks inherit. A server already running with another environment (a
+    later job in this process changed it), or one this function did not start, is left alone: that cluster's
+    workers are spawned as before."""
+    global _server_env, _server_pid
+    import multiprocessing
+
+    if cfg.cluster != "local" or not cfg.processes or "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    from multiprocessing import forkserver
+
+    env = worker_env()
+    running = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if (_server_env is not None and _server_env != env) or (running is not None and running != _server_pid):
+        return False
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_MODULES))
+    old = {k: os.environ.get(k) for k in env}
+    try:
+        with sigint_blocked():
+            os.environ.update(env)
+            forkserver.ensure_running()  # a no-op while it runs; started (or started again) otherwise
+    except (OSError, ValueError) as e:  # the platform refused: spawn, as before
+        log.debug("no fork server (%s): local workers are spawned", e)
+        return False
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if _server_pid is not None and pid != _server_pid:  # ours had died and was started again just now: ours still
+        log.debug("fork server started again (pid %s)", pid)
+    _server_env, _server_pid = env, pid
+    return True
+
+
 class IgnoreSigint(WorkerPlugin):
     """A worker plugin: each worker process of a local cluster, a restarted one too, ignores SIGINT for
     good (a blocked SIGINT could be unblocked by a library; an ignored one is discarded). ``setup`` runs
@@ -185,6 +267,7 @@ class Runtime:
         self.cluster = None
         self.client = None
         self.description: dict = {}
+        self._scope = contextlib.ExitStack()  # settings that last as long as the cluster
 
     def __enter__(self):
         try:
@@ -200,8 +283,12 @@ class Runtime:
         check_runtime(cfg)
         n = cfg.n_workers or default_n_workers(cfg)
         if cfg.cluster == "local":
+            import dask
             from distributed import LocalCluster
 
+            if start_worker_server(cfg):  # for the cluster's life: a worker restarted later forks too
+                self._scope.enter_context(dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}))
+                self.description["worker_start"] = "forkserver"
             with sigint_blocked() if cfg.processes else contextlib.nullcontext(), worker_allocator_env():
                 self.cluster = LocalCluster(**local_cluster_args(cfg, n))
             self.client = Client(self.cluster)
@@ -251,6 +338,7 @@ class Runtime:
                 client.close()
             if cluster is not None:
                 cluster.close()
+            self._scope.close()
         return False
 
 

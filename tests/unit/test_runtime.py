@@ -116,3 +116,62 @@ def test_logging_is_off_while_an_interrupted_cluster_closes():
         before = logging.root.manager.disable
         rt.__exit__(exc, exc() if exc else None, None)
         assert seen[-2:] == [want, want] and logging.root.manager.disable == before
+
+
+def test_the_worker_modules_exist():
+    """The fork server skips a module it cannot import without a word: a renamed one would quietly cost
+    every worker its imports again."""
+    import importlib.util
+
+    from rapids_attn.runtime import WORKER_MODULES
+
+    for name in WORKER_MODULES:
+        assert importlib.util.find_spec(name) is not None, name
+
+
+def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatch):
+    """Workers start as forks of one server that imported torch, transformers and the job's modules, with the
+    environment a spawned worker gets (no MALLOC_TRIM_THRESHOLD_, one BLAS thread) and SIGINT blocked."""
+    import sys
+    from multiprocessing import forkserver
+
+    import rapids_attn.runtime as rt_mod
+    from rapids_attn.runtime import WORKER_MODULES, worker_env
+
+    # distributed leaves its pre-spawn variables in this process's environment once any cluster started here
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    forkserver._forkserver._stop()  # whatever an earlier test left running: a server of this test's start
+    rt_mod._server_env = rt_mod._server_pid = None
+
+    def probe():
+        env = dict(x.split("=", 1) for x in open(f"/proc/{os.getpid()}/environ").read().split("\0") if "=" in x)
+        return (
+            [m for m in WORKER_MODULES if m not in sys.modules],
+            os.getppid(),
+            env.get("MALLOC_TRIM_THRESHOLD_"),
+            env.get("OMP_NUM_THREADS"),
+            signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+        )
+
+    rt = Runtime(RuntimeConfig(n_workers=2, processes=True, dashboard_address=":0"))
+    with rt as client:
+        got = list(client.run(probe).values())
+    assert rt.description["worker_start"] == "forkserver"
+    assert len(got) == 2
+    for missing, parent, trim, omp, blocked in got:
+        assert missing == []
+        assert parent == forkserver._forkserver._forkserver_pid  # not this process: the server's fork
+        assert trim is None and omp == "1" and blocked
+
+
+def test_a_server_started_with_another_environment_is_not_used(monkeypatch):
+    import rapids_attn.runtime as rt_mod
+    from rapids_attn.runtime import start_worker_server
+
+    monkeypatch.setattr(rt_mod, "_server_env", {"OMP_NUM_THREADS": "7"})
+    assert start_worker_server(RuntimeConfig(processes=True)) is False
+    monkeypatch.setattr(rt_mod, "_server_env", None)
+    monkeypatch.setattr(rt_mod, "_server_pid", -1)  # a running server this process's runtime did not start
+    if getattr(__import__("multiprocessing.forkserver").forkserver._forkserver, "_forkserver_pid", None) is not None:
+        assert start_worker_server(RuntimeConfig(processes=True)) is False
+    assert start_worker_server(RuntimeConfig(processes=False)) is False  # threads: nothing to fork
