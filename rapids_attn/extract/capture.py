@@ -119,9 +119,6 @@ class AttentionCapture:
             def __getattr__(self, name):
                 return getattr(sink, name)
 
-            def __setattr__(self, name, value):  # the sink's scratch buffer (blocked._scratch) outlives this forward
-                setattr(sink, name, value)
-
             def end_layer(self, layer):
                 seen.append(layer)
                 sink.end_layer(layer)

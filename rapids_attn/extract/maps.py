@@ -403,8 +403,6 @@ class LayerReducer:
         #: (example, first row, rows) -> |i - j| of those rows (encoders' distance), while they fit in block_bytes
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
-        #: the blocked capture's buffer for a block's scores, shared by this batch's layers (blocked._scratch)
-        self.scratch: torch.Tensor | None = None
 
     #: add_rows takes a block of softmax numerators with SoftmaxRows (the blocked capture's fast path)
     takes_numerators = True

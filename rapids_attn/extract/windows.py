@@ -139,7 +139,6 @@ class WindowSink:
         self.last = True
         self.plan = plan
         self.block_bytes = reducer.block_bytes
-        self.scratch = None  # the blocked capture's buffer for a block's scores (blocked._scratch)
         self.head_list = reducer.head_list
         self.n = plan.n_tokens
         dev = reducer.device
