@@ -240,6 +240,14 @@ def test_kill_9_of_the_whole_job_resumes_identically(ref, tmp_path):
     assert runs[-1]["shards"] == kept.size - kept.sum()  # the rerun did only the shards not kept
 
 
+def _is_worker(p) -> bool:
+    cmd = " ".join(p.cmdline())
+    if "spawn_main" in cmd:
+        return True
+    parent = p.parent()
+    return parent is not None and "forkserver" in " ".join(parent.cmdline()) and "forkserver" in cmd
+
+
 def test_kill_9_of_one_worker(ref, tmp_path):
     """SIGKILL to one worker process mid-extraction: the job finishes identically, or fails in one line
     and the rerun is identical."""
@@ -248,7 +256,8 @@ def test_kill_9_of_one_worker(ref, tmp_path):
     job = write_fault_job(tmp_path, ref, processes=2)
     proc = start(job)
     wait_for_shards(proc, tmp_path / "run")
-    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    # the workers: forks of the fork server (runtime.start_worker_server) or, where there is none, spawned
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_worker(p)]
     assert len(workers) == 2, [p.cmdline() for p in workers]
     before = shards_done(tmp_path / "run")
     workers[0].kill()
