@@ -136,7 +136,7 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
     from multiprocessing import forkserver
 
     import rapids_attn.runtime as rt_mod
-    from rapids_attn.runtime import WORKER_MODULES, worker_env
+    from rapids_attn.runtime import WORKER_MODULES
 
     # distributed leaves its pre-spawn variables in this process's environment once any cluster started here
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
@@ -144,7 +144,8 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
     rt_mod._server_env = rt_mod._server_pid = None
 
     def probe():
-        env = dict(x.split("=", 1) for x in open(f"/proc/{os.getpid()}/environ").read().split("\0") if "=" in x)
+        with open(f"/proc/{os.getpid()}/environ") as f:
+            env = dict(x.split("=", 1) for x in f.read().split("\0") if "=" in x)
         return (
             [m for m in WORKER_MODULES if m not in sys.modules],
             os.getppid(),
