@@ -110,7 +110,7 @@ def worker_allocator_env():
         yield
 
 
-#: what a local worker process imports before its first task can run (about 2.5 s of a 2-core machine's CPU per
+#: what a local worker process imports before its first task can run (about 3 s of a 2-core machine's CPU per
 #: worker): the fork server imports them once, and every worker forks from it with them in memory
 WORKER_MODULES = (
     "distributed",
@@ -185,10 +185,7 @@ def start_worker_server(cfg) -> bool:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if _server_pid is not None and pid != _server_pid:  # ours had died and was started again just now: ours still
-        log.debug("fork server started again (pid %s)", pid)
-    _server_env, _server_pid = env, pid
+    _server_env, _server_pid = env, getattr(forkserver._forkserver, "_forkserver_pid", None)
     return True
 
 
