@@ -110,6 +110,28 @@ def worker_allocator_env():
         yield
 
 
+@contextlib.contextmanager
+def environ_kept_of_workers():
+    """This process's environment as it was, on leaving, for the variables distributed sets for its workers.
+
+    A nanny writes its ``distributed.nanny.pre-spawn-environ`` (``OMP_NUM_THREADS=1`` and the like) into the
+    job process's own environment before it starts each worker, and leaves them there. A later job in the same
+    process would read them as the user's: its workers' environment would differ from the fork server's, so
+    they would be spawned, and a process the job starts later would get one OpenMP thread."""
+    import dask
+
+    keys = set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}) | {"MALLOC_TRIM_THRESHOLD_"}
+    old = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 #: what a local worker process imports before its first task can run (about 3 s of a 2-core machine's CPU per
 #: worker): the fork server imports them once, and every worker forks from it with them in memory
 WORKER_MODULES = (
@@ -279,6 +301,8 @@ class Runtime:
         cfg = self.cfg
         check_runtime(cfg)
         n = cfg.n_workers or default_n_workers(cfg)
+        if cfg.cluster in ("local", "local-cuda"):
+            self._scope.enter_context(environ_kept_of_workers())
         if cfg.cluster == "local":
             import dask
             from distributed import LocalCluster

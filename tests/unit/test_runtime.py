@@ -85,6 +85,24 @@ def test_local_workers_keep_glibc_malloc_tuning(monkeypatch):
     assert value == "131072"
 
 
+def test_the_job_process_environment_is_as_before_once_the_cluster_closed(monkeypatch):
+    """distributed writes its workers' variables (OMP_NUM_THREADS=1, ...) into this process's environment; a
+    later job here would take them for the user's."""
+    import dask
+
+    keys = sorted(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    assert "OMP_NUM_THREADS" in keys
+    for k in keys:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # the user's own value stays, and is the workers'
+    with Runtime(RuntimeConfig(n_workers=1, processes=True, dashboard_address=":0")) as client:
+        (seen,) = client.run(lambda: (os.environ.get("OMP_NUM_THREADS"), os.environ.get("MKL_NUM_THREADS"))).values()
+        during = os.environ.get("OMP_NUM_THREADS")
+    assert seen == ("1", "3")
+    assert during == "1"  # distributed's own doing, while the cluster runs (a restarted worker needs it)
+    assert {k: os.environ.get(k) for k in keys} == {k: ("3" if k == "MKL_NUM_THREADS" else None) for k in keys}
+
+
 def test_an_interrupted_start_closes_what_it_started(monkeypatch):
     from distributed import Client
 
@@ -138,7 +156,7 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
     import rapids_attn.runtime as rt_mod
     from rapids_attn.runtime import WORKER_MODULES
 
-    # distributed leaves its pre-spawn variables in this process's environment once any cluster started here
+    # the user's own value would win, and be the server's
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     forkserver._forkserver._stop()  # whatever an earlier test left running: a server of this test's start
     rt_mod._server_env = rt_mod._server_pid = None
