@@ -19,7 +19,7 @@ import numpy as np
 
 from rapids_attn.data.example import Example
 from rapids_attn.errors import JobConfigError, ModelError
-from rapids_attn.extract.batching import length_batches
+from rapids_attn.extract.batching import BatchCost, length_batches
 from rapids_attn.extract.model import one_line
 from rapids_attn.heads.kinds import auto_metric, head_kind, metric_for_kind  # noqa: F401 - auto_metric is this module's API
 from rapids_attn.heads.squad_eval import best_span, exact_score, f1_score, gold_answers
@@ -37,12 +37,16 @@ def _forward_inputs(model, batch: dict, device) -> dict:
 
 
 def _batches(model, tokenizer, features: list[dict], device, token_budget: int):
-    """(indices, padded batch, model output) over length-bucketed batches, under inference mode."""
+    """(indices, padded batch, model output) over length-bucketed batches, under inference mode: on the CPU
+    the extractor's least-cost grouping (:class:`rapids_attn.extract.batching.BatchCost`: one long input no
+    longer pads a batch of short ones), greedy packing on a GPU or for a config without a hidden size."""
     import torch
 
     lengths = [len(f["input_ids"]) for f in features]
+    hidden = getattr(model.config, "hidden_size", None)
+    cost = BatchCost.for_model(hidden, str(device)) if isinstance(hidden, int) else None
     with torch.inference_mode():
-        for idx in length_batches(lengths, token_budget, MAX_BATCH):
+        for idx in length_batches(lengths, token_budget, MAX_BATCH, cost=cost):
             batch = tokenizer.pad([features[i] for i in idx], padding_side="right", return_tensors="pt")
             yield idx, batch, model(**_forward_inputs(model, batch, device))
 

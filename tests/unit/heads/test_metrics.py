@@ -324,3 +324,33 @@ def test_squad_reader_keeps_every_answer(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps(doc))
     (ex,) = read_examples(tmp_path / "d.json", format="squad")
     assert ex.answers == ("Mainz", "in Mainz") and ex.label == "answerable"
+
+
+def test_cpu_batches_do_not_pad_short_inputs_to_a_long_one(tok, monkeypatch):
+    """On the CPU the metrics' forwards take the extractor's least-cost batches: one long input with many short
+    ones goes alone (greedy packing, as on a GPU, pads the short ones to its length), and each input's output
+    is the same either way."""
+    model = tiny(BertModel, tok)
+    texts = ["word " * 120] + ["a short one"] * 20
+    enc = tok(texts, truncation=True, max_length=128)
+    features = [M._features(enc, i) for i in range(len(texts))]
+
+    def run(device):
+        got = {}
+        for idx, batch, out in M._batches(model, tok, features, device, token_budget=8192):
+            for j, i in enumerate(idx):
+                n = int(batch["attention_mask"][j].sum())
+                got[i] = (sorted(idx), out.last_hidden_state[j, :n])
+        return got
+
+    cpu = run("cpu")
+    assert cpu[0][0] == [0]  # the long input alone
+    greedy_plan = M.length_batches([len(f["input_ids"]) for f in features], 8192, M.MAX_BATCH)
+    assert [0] not in greedy_plan  # greedy puts it with the short ones
+    assert len(cpu) == len(texts)
+    # the GPU's plan (greedy), run on the CPU: the same outputs
+    monkeypatch.setattr(M.BatchCost, "for_model", classmethod(lambda cls, hidden, device: None))
+    greedy = run("cpu")
+    assert greedy[0][0] != [0]
+    for i in range(len(texts)):
+        torch.testing.assert_close(cpu[i][1], greedy[i][1], rtol=1e-4, atol=1e-5)
