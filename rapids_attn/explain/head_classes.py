@@ -3,7 +3,9 @@ label file a KV-cache or pruning tool can read.
 
 Each head's scores are means over the examples that define them (extract.maps):
 
-- ``sink``: the mass on the first token, averaged over rows (the ``first`` statistic). Gu et al. 2025 ("When
+- ``sink``: the mass on the first token, averaged over the dataset's rows (the ``first`` statistic, weighted
+  by each example's rows). In a decoder the first row sees the first token alone and puts all its mass there
+  whatever the head does: it is left out, so one-token inputs carry no weight. Gu et al. 2025 ("When
   Attention Sink Emerges in Language Models") count a head as a sink head when this exceeds 0.3.
 - ``streaming``: the mass on the first ``SINK_TOKENS`` tokens and the ``RECENT_WINDOW`` most recent ones,
   over the rows that can see beyond both (StreamingLLM; DuoAttention's streaming heads keep only those
@@ -33,21 +35,35 @@ FILE = "head_classes.json"
 ORDER = ("retrieval", "streaming", "sink")
 
 
+def causal_store(g) -> bool:
+    """Whether the store's maps are a decoder's (the extract runs record their workers' causality probe; a
+    store written before they did reads as an encoder's)."""
+    runs = [r.get("causal") for r in g.attrs.get(S.Attr.EXTRACT_RUNS, []) or []]
+    known = [bool(c) for c in runs if c is not None]
+    return bool(known) and all(known)
+
+
 def head_scores(g, detectors: np.ndarray, detector_names: list[str]) -> dict[str, np.ndarray]:
     """[layer, head] means of the three scores: ``detectors`` is the explain stage's per-head detector means
-    ([layer, head, detector]); the sink score is the per-head mean of the ``first`` statistic."""
+    ([layer, head, detector]); the sink score is the per-head mean of the ``first`` statistic over the
+    dataset's rows (each example's mean over its ``seq_len`` rows, weighted by them), a decoder's first rows
+    left out (:func:`causal_store`: that row's mass on the first token is 1 for every head)."""
     k = [str(x) for x in g[S.STAT][:]].index("first")
     stats = g[S.STATS]
+    rows = np.asarray(g[S.SEQ_LEN][:], np.float64)
+    trivial = 1.0 if causal_store(g) else 0.0
     e = stats.shape[0]
     total = np.zeros(stats.shape[1:3])
     count = np.zeros(stats.shape[1:3])
     step = max(1, stats.chunks[0])
     for a in range(0, e, step):
-        v = np.asarray(stats[a : a + step, :, :, k], np.float64)
-        total += np.nansum(v, axis=0)
-        count += (~np.isnan(v)).sum(0)
-    with np.errstate(invalid="ignore"):
-        sink = total / count
+        v = np.asarray(stats[a : a + step, :, :, k], np.float64)  # [examples, layer, head]
+        n = rows[a : a + step, None, None]
+        keep = ~np.isnan(v) & (n > trivial)
+        total += np.where(keep, v * n - trivial, 0.0).sum(0)
+        count += np.where(keep, n - trivial, 0.0).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sink = np.where(count > 0, total / np.maximum(count, 1e-300), np.nan)
     out = {"sink": sink}
     for name in ("streaming", "retrieval"):
         out[name] = (
@@ -93,7 +109,8 @@ def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: 
         "source": model.get("source"),
         "examples": int(examples),
         "definitions": {
-            "sink": "mean over rows of the attention on the first token (Gu et al. 2025)",
+            "sink": "mean over the dataset's rows of the attention on the first token, a decoder's first row "
+            "(which sees that token alone) left out (Gu et al. 2025)",
             "streaming": f"mean over rows that see beyond both of the attention on the first {SINK_TOKENS} tokens "
             f"and the {RECENT_WINDOW} most recent",
             "retrieval": f"attention on the token after an earlier copy of the query's token, {RECENT_WINDOW} "

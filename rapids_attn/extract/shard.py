@@ -96,6 +96,7 @@ class ShardResult:
     device: str
     worker: str
     seconds: dict[str, float] = field(default_factory=dict)
+    causal: bool | None = None  # the model's attention, as the worker's probe found it
 
 
 class Extractor:
@@ -289,6 +290,7 @@ class Extractor:
             device=self.device,
             worker=f"{os.uname().nodename}:{os.getpid()}",
             seconds=seconds,
+            causal=self.causal,
         )
 
 

@@ -188,6 +188,8 @@ class ExtractStage(Stage):
             "examples": sum(r.n_examples for r in results),
             "maps": sum(r.n_maps for r in results),
             "windowed_examples": sum(r.n_windowed for r in results),  # model.long_inputs: windows
+            # decoder attention (explain's sink score leaves out the first row, which sees the first token alone)
+            "causal": all(bool(r.causal) for r in results) if results else None,
             "devices": sorted({r.device for r in results}),
             "workers": sorted({r.worker for r in results}),
             "worker_seconds": {

@@ -8,7 +8,7 @@ import pytest
 import zarr
 from helpers import make_job, write_jsonl
 
-from rapids_attn.explain.head_classes import classify
+from rapids_attn.explain.head_classes import classify, head_scores
 from rapids_attn.job import load_job
 from rapids_attn.pipeline import run_job
 
@@ -30,6 +30,35 @@ def test_classes_follow_the_stated_order_and_thresholds():
     assert all(r["layer"] == 3 for r in rows) and [r["head"] for r in rows] == list(range(6))
     # a higher threshold moves a head down the order
     assert classify(scores, [3], range(6), {**T, "retrieval": 0.5})[0]["class"] == "streaming"
+
+
+def _store(tmp_path, first, seq_len, causal):
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    stats = np.zeros((*first.shape, 2), np.float32)
+    stats[..., 1] = first
+    g.create_array("stats", data=stats, chunks=(2, *stats.shape[1:]))
+    g.create_array("stat", data=np.array(["entropy", "first"]))
+    g.create_array("seq_len", data=np.asarray(seq_len, np.int32))
+    g.attrs["extract_runs"] = [{"shards": 1, "causal": causal}]
+    return g
+
+
+def test_the_sink_score_weighs_rows_and_leaves_out_a_decoders_first_row(tmp_path):
+    """A decoder's first row puts all its mass on the first token whatever the head: a one-token input (its
+    ``first`` is 1) must not make a head a sink head, and a long input weighs more than a short one."""
+    # one layer, one head: 100 tokens at 0.02 (row 0's 1 included: 1 + 99 x 0.0101...), two one-token inputs
+    long_first = (1.0 + 99 * 0.01) / 100
+    first = np.array([long_first, 1.0, 1.0, np.nan])[:, None, None]
+    g = _store(tmp_path, first, [100, 1, 1, 7], causal=True)
+    got = head_scores(g, np.zeros((1, 1, 0)), [])
+    assert got["sink"][0, 0] == pytest.approx(0.01, abs=1e-6)  # rows 1..99 of the long input only
+    assert np.isnan(got["streaming"][0, 0])
+    # an encoder's first row sees every key: kept, and the examples weighted by their rows
+    g = _store(tmp_path, np.array([0.02, 1.0, 0.5])[:, None, None], [100, 1, 10], causal=False)
+    assert head_scores(g, np.zeros((1, 1, 0)), [])["sink"][0, 0] == pytest.approx((2 + 1 + 5) / 111)
+    # only one-token inputs in a decoder: undefined, not 1
+    g = _store(tmp_path, np.array([1.0, 1.0])[:, None, None], [1, 1], causal=True)
+    assert np.isnan(head_scores(g, np.zeros((1, 1, 0)), [])["sink"][0, 0])
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +116,14 @@ def test_head_classes_json_holds_every_head_with_scores_from_the_store(long_run)
     names = [str(x) for x in g["detector"][:]]
     det = np.asarray(g["detectors"][:], np.float64)
     first = np.asarray(g["stats"][:], np.float64)[..., [str(x) for x in g["stat"][:]].index("first")]
+    rows = np.asarray(g["seq_len"][:], np.float64)[:, None, None]
+    assert g.attrs["extract_runs"][-1]["causal"] is True  # GPT-2: the first row of each example left out
+    sink = (first * rows - 1).sum(0) / (rows - 1).sum(0)
     assert np.isfinite(det[..., names.index("streaming")]).all()  # inputs past the sink and the window
     assert np.isfinite(det[..., names.index("retrieval")]).all()  # a repeated text: far copies everywhere
     for h in heads:
         l, k = h["layer"], h["head"]
-        assert h["scores"]["sink"] == pytest.approx(first[:, l, k].mean(), abs=1e-4)
+        assert h["scores"]["sink"] == pytest.approx(sink[l, k], abs=1e-4)
         assert h["scores"]["streaming"] == pytest.approx(det[:, l, k, names.index("streaming")].mean(), abs=1e-4)
         assert h["scores"]["retrieval"] == pytest.approx(det[:, l, k, names.index("retrieval")].mean(), abs=1e-4)
         assert h["class"] in ("retrieval", "streaming", "sink", "other")
