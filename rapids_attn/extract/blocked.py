@@ -76,10 +76,11 @@ def register(base: str = "sdpa") -> str:
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         capture = getattr(module, "_rapids_capture", None)
-        # transformers' SDPA drops attention sinks (s_aux: gpt-oss and others), and the model's eager function would
-        # misread SDPA's boolean (or absent) mask: such a layer's output comes from the blocked softmax, which has both
-        has_sinks = kwargs.get("s_aux") is not None
-        mine = own or (fallback == "sdpa" and has_sinks)
+        # transformers' SDPA drops attention sinks (s_aux: gpt-oss and others) and refuses soft-capping (Gemma 2),
+        # and the model's eager function would misread SDPA's boolean (or absent) mask: such a layer's output comes
+        # from the blocked softmax, which has all three, captured or not
+        needs_own = kwargs.get("s_aux") is not None or bool(kwargs.get("softcap"))
+        mine = own or (fallback == "sdpa" and needs_own)
         out = None
         if capture is not None:
             sink, layer = capture
@@ -88,7 +89,7 @@ def register(base: str = "sdpa") -> str:
                     module, query, key, attention_mask, scaling, sink, layer, kwargs, value if mine else None
                 )
             sink.end_layer(layer)
-        if out is None and mine and has_sinks:  # not captured (or some heads): output alone
+        if out is None and mine and needs_own:  # not captured (or some heads): output alone
             out = blocked_weights(module, query, key, attention_mask, scaling, _OUTPUT_ONLY, 0, kwargs, value)
         if out is None:
             # eager attention is each model's own function, beside its attention class

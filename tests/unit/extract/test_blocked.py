@@ -212,6 +212,47 @@ def test_attention_sinks_reach_the_output_and_the_maps(base, layers):
         torch.testing.assert_close(alone[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("layers", "heads"), [([0, 1], [0, 1, 2, 3]), ([1], [0, 1, 2, 3]), ([0, 1], [2, 0])])
+def test_soft_capping_reaches_the_output_and_the_maps_of_any_heads(layers, heads):
+    """Gemma 2 soft-caps its scores, which transformers' SDPA refuses: a layer outside the capture, or one whose
+    heads are captured only in part, still gets its output from the blocked softmax (eager's within 1e-5)."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=160,
+        sliding_window=5,
+        attn_logit_softcapping=1.5,  # small enough to change the softmax
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    eager = Gemma2Model._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    base = resolve_base("sdpa", cfg)
+    blocked = Gemma2Model._from_config(copy.deepcopy(cfg), attn_implementation=register(base)).eval()
+    blocked.load_state_dict(eager.state_dict())
+    lengths = [23, 17, 9, 1]
+    batch = _batch(lengths)
+    masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
+    ref = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=1 << 26)
+    AttentionCapture(eager, 2).run(batch, ref)
+    red = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=2000)
+    out = AttentionCapture(blocked, 2).run(batch, red).last_hidden_state
+    for name in ("images", "thumbs", "stats", "profile", "detectors"):
+        torch.testing.assert_close(getattr(red, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
+    with torch.inference_mode():
+        want = eager(**batch).last_hidden_state
+        alone = blocked(**batch).last_hidden_state
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(alone[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+
+
 def test_the_sdpa_base_stays_where_the_model_supports_sdpa():
     assert resolve_base("sdpa", _llama()[1]) == "sdpa"
     assert resolve_base("eager", _gpt_oss()[1]) == "eager"
