@@ -162,11 +162,11 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair))),
         attention=cfg.extract.attention,
     )
+    devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     if info.attention == "blocked":
         from rapids_attn.extract.blocked import check_base
 
-        check_base(cfg.extract.attention_base)
-    devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
+        check_base(cfg.extract.attention_base, devices.extract.device)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)
     ctx = RunContext(
         run_dir=cfg.run_dir,

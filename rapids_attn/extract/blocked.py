@@ -39,15 +39,33 @@ def implementation_name(base: str) -> str:
 OWN = "capture"
 
 
-def check_base(base: str) -> None:
-    """Preflight: ``extract.attention_base`` names an implementation this capture can run over."""
+#: implementations transformers registers that the capture cannot run over: flex attention's mask is a BlockMask
+#: (no tensor to read the hidden keys from); the ``paged|...`` ones serve a generation cache
+UNSUPPORTED = {"flex_attention": "its mask is a BlockMask, which the capture cannot read"}
+
+
+def check_base(base: str, device: str | None = None) -> None:
+    """Preflight: ``extract.attention_base`` names an implementation this capture can run over, on the job's
+    extract ``device`` (``cpu``, ``cuda``, or None where the workers decide)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from rapids_attn.errors import ModelError
 
-    if base not in (OWN, "eager") and base not in ALL_ATTENTION_FUNCTIONS:
-        known = ", ".join(sorted({OWN, "eager", *ALL_ATTENTION_FUNCTIONS.keys()} - {b for b in _REGISTERED}))
+    usable = {OWN, "eager"} | {
+        b for b in ALL_ATTENTION_FUNCTIONS if "|" not in b and b not in UNSUPPORTED and b not in _REGISTERED
+    }
+    known = ", ".join(sorted(usable))
+    if base in UNSUPPORTED:
+        raise ModelError(
+            f"extract.attention_base: {base} cannot be captured ({UNSUPPORTED[base]}); use one of: {known}"
+        )
+    if base not in usable:
         raise ModelError(f"extract.attention_base: unknown attention implementation '{base}'; use one of: {known}")
+    if base.startswith("flash_attention") and device == "cpu":
+        raise ModelError(
+            f"extract.attention_base: {base} runs on CUDA GPUs only and this job extracts on the CPU; "
+            "use sdpa (the default) or capture, or extract.device: cuda on a GPU machine"
+        )
 
 
 def register(base: str = "sdpa") -> str:

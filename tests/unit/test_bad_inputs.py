@@ -135,7 +135,31 @@ CASES = [
     ("relevance-method-unknown", ["relevance.methods=[saliency]"], [], "", "relevance.methods"),
     ("relevance-residual-2", ["relevance.residual=2"], [], "", "relevance.residual:"),
     ("attention-base-unknown", ["extract.attention_base=nosuch"], [], "", "extract.attention_base: unknown"),
+    ("attention-base-flex", ["extract.attention_base=flex_attention"], [], "", "extract.attention_base: flex"),
+    (
+        "attention-base-flash-on-cpu",
+        ["extract.attention_base=flash_attention_2", "extract.device=cpu"],
+        [],
+        "",
+        "extract.attention_base: flash_attention_2 runs on CUDA GPUs only",
+    ),
 ]
+
+
+def test_the_listed_attention_bases_are_the_usable_ones():
+    """The unknown-base error lists what the field takes: not flex attention, nor the paged ones (the field's
+    pattern refuses their '|')."""
+    from rapids_attn.errors import ModelError
+    from rapids_attn.extract.blocked import check_base
+
+    with pytest.raises(ModelError) as e:
+        check_base("nosuch")
+    listed = str(e.value).split("use one of: ")[1].split(", ")
+    assert {"sdpa", "eager", "capture"} <= set(listed)
+    assert not [b for b in listed if "|" in b or b == "flex_attention" or b.startswith("rapids_blocked")]
+    for b in listed:
+        if not b.startswith("flash"):
+            check_base(b, "cpu")
 
 
 def _job_file(tmp_path: Path, job: dict, append: str = "") -> Path:
