@@ -131,6 +131,21 @@ def disk_full(exc: BaseException) -> OSError | None:
     return None
 
 
+#: an output the job cannot write where it must: a directory, or no permission, in the way of a file
+UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EROFS}
+
+
+def unwritable(exc: BaseException) -> OSError | None:
+    """The OSError in ``exc`` (or what it was raised from) that names a path the job could not write; None if
+    there is none."""
+    e = exc
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in UNWRITABLE and e.filename:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def fail(message: str, code: int, verbose: bool) -> int:
     """Report a failure: the traceback first with -v, then the one line."""
     if verbose:
@@ -174,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         return fail(INTERRUPTED, 130, args.verbose)
     except Exception as e:
         full = disk_full(e)
+        blocked = unwritable(e) if full is None else None
+        if blocked is not None:
+            return fail(
+                f"error: cannot write {blocked.filename}: {blocked.strerror}; move it out of the way or fix its "
+                "permissions, and rerun the same command to resume (finished stages are kept)",
+                2,
+                args.verbose,
+            )
         if full is None:
             raise  # an internal failure: its traceback, exit 1
         where = full.filename or (cfg.run_dir if cfg is not None else "the run directory")

@@ -24,7 +24,6 @@ a streaming head only the sink and the window, and a sink head that is not strea
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -122,10 +121,10 @@ def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: 
         "recent_window": RECENT_WINDOW,
         "heads": rows,
     }
+    from rapids_attn.explain.outputs import replace_with_text
+
     path = Path(run_dir) / FILE
-    part = path.with_name(FILE + ".tmp")
-    part.write_text(json.dumps(doc, indent=1), encoding="utf-8")
-    os.replace(part, path)
+    replace_with_text(path, json.dumps(doc, indent=1))
     counts = {c: sum(r["class"] == c for r in rows) for c in (*ORDER, "other")}
     undefined = {c: sum(r["scores"][c] is None for r in rows) for c in ORDER}
     return {"path": str(path), "thresholds": dict(thresholds), "counts": counts, "undefined": undefined}

@@ -32,10 +32,20 @@ def json_safe(obj):
     return obj
 
 
+def replace_with_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, renamed over it; the temporary file is
+    removed if either step fails (a directory in the way, no permission)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False) + "\n")
-    tmp.replace(path)
+    replace_with_text(path, json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False) + "\n")
 
 
 def write_maps_table(g, path: Path) -> int:

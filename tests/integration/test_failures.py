@@ -251,3 +251,21 @@ def test_a_full_disk_in_the_job_process_names_the_file(tmp_path, small_job, caps
     assert main([str(small_job)]) == 0
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["extract"]["this_run"]["shards_run"] == 0
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_leaves_no_temporary_file(tmp_path, small_job, capsys):
+    """A directory where head_classes.json goes (or no permission to write it): one line naming the file, exit 2,
+    no head_classes.json.tmp left behind, and the rerun after the path is cleared completes."""
+    run = tmp_path / "run"
+    assert main([str(small_job)]) == 0
+    capsys.readouterr()
+    (run / "head_classes.json").unlink()
+    (run / "head_classes.json").mkdir()
+    assert main([str(small_job), "--stages", "explain"]) == 2
+    lines = failure_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {run / 'head_classes.json'}"), lines
+    assert "rerun the same command" in lines[0]
+    assert not (run / "head_classes.json.tmp").exists()
+    (run / "head_classes.json").rmdir()
+    assert main([str(small_job), "--stages", "explain"]) == 0
+    assert json.loads((run / "head_classes.json").read_text())["heads"]
