@@ -99,6 +99,20 @@ class ShardResult:
     causal: bool | None = None  # the model's attention, as the worker's probe found it
 
 
+def check_tokens(examples: list[Example], lengths: list[int]) -> None:
+    """An example the tokenizer turned into no tokens has no attention to capture: a one-line error naming it
+    (an empty text, with a tokenizer that adds no special tokens, as GPT-2's)."""
+    empty = [ex.id for ex, n_tok in zip(examples, lengths, strict=True) if n_tok == 0]
+    if empty:
+        from rapids_attn.errors import DataError
+
+        more = f" (and {len(empty) - 1} more in its shard)" if len(empty) > 1 else ""
+        raise DataError(
+            f"data.path: example {empty[0]!r}{more} has no tokens: its text is empty and the tokenizer adds no "
+            "special tokens; give it text or remove it from the data"
+        )
+
+
 class Extractor:
     """Model, tokenizer, embedder and the capture, loaded once per worker process."""
 
@@ -210,6 +224,7 @@ class Extractor:
             raise ValueError(f"shard {task.shard}: read {len(examples)} examples, expected {stop - start}")
         windows = task.model.long_inputs == "windows"
         tok = tokenize(self.tokenizer, examples, task.max_length, windows=windows)
+        check_tokens(examples, tok.lengths)
         n = len(examples)
         nl, nh = len(self.layout.layers), len(self.layout.heads)
         s, t = self.layout.image_size, self.layout.thumb_size

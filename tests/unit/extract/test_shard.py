@@ -215,3 +215,20 @@ def test_windows_without_overlap_keep_every_statistic_finite(extractor, ids):
     tok = tokenize(extractor.tokenizer, EXAMPLES, max_length=16, windows=True)
     got = extractor.run_windows(tok, [len(t) for t in tok.input_ids].index(len(x)), 16, 0)
     assert torch.isfinite(got["stats"]).all()
+
+
+def test_an_example_with_no_tokens_is_a_one_line_data_error(tiny_gpt2_dir):
+    """GPT-2's tokenizer adds no special tokens: an empty text is no tokens, and no attention to capture."""
+    from transformers import AutoTokenizer
+
+    from rapids_attn.errors import DataError
+    from rapids_attn.extract.shard import check_tokens
+
+    tok = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    examples = [Example("a", "the cat sat"), Example("b", ""), Example("c", "")]
+    lengths = tokenize(tok, examples, 64).lengths
+    assert lengths[0] > 0 and lengths[1:] == [0, 0]
+    with pytest.raises(DataError) as e:
+        check_tokens(examples, lengths)
+    assert "example 'b' (and 1 more in its shard) has no tokens" in str(e.value) and "\n" not in str(e.value)
+    check_tokens(examples[:1], lengths[:1])  # text: nothing to say
