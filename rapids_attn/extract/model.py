@@ -151,6 +151,11 @@ def _check_windows(tok, cfg, max_length: int) -> None:
 
     p, x = template_ends(tok)
     size = max_length - p - x
+    if size < 1:
+        raise ModelError(
+            f"model.max_length: {max_length} leaves no room for text in a window beside its {p + x} special "
+            f"tokens; raise model.max_length above {p + x}"
+        )
     if cfg.window_overlap >= size:
         raise ModelError(
             f"model.window_overlap: {cfg.window_overlap} must be less than the {size} content tokens of a "

@@ -135,6 +135,13 @@ CASES = [
     ("relevance-method-unknown", ["relevance.methods=[saliency]"], [], "", "relevance.methods"),
     ("relevance-residual-2", ["relevance.residual=2"], [], "", "relevance.residual:"),
     ("attention-base-unknown", ["extract.attention_base=nosuch"], [], "", "extract.attention_base: unknown"),
+    (
+        "windows-without-room-for-text",
+        ["model.long_inputs=windows", "model.max_length=2", "model.window_overlap=0"],
+        [],
+        "",
+        "model.max_length: 2 leaves no room for text",
+    ),
     ("attention-base-flex", ["extract.attention_base=flex_attention"], [], "", "extract.attention_base: flex"),
     (
         "attention-base-flash-on-cpu",
