@@ -99,7 +99,22 @@ def classify(scores: dict[str, np.ndarray], layers, heads, thresholds: dict[str,
     return rows
 
 
-def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: dict, examples: int) -> dict:
+def windowed_examples(g) -> int:
+    """How many of the store's examples were read as windows (``model.long_inputs: windows``)."""
+    return sum(int(r.get("windowed_examples") or 0) for r in g.attrs.get(S.Attr.EXTRACT_RUNS, []) or [])
+
+
+WINDOWS_NOTE = (
+    "examples read as windows: a row saw its window only, so streaming and retrieval count the rows whose "
+    "window shows them keys past the sink and the recent window (none when windows are shorter than "
+    "sink_tokens + recent_window + 1, the scores then undefined); the sink tokens are the input's first, which "
+    "a tokenizer without a leading special token (GPT-2) does not repeat in each window"
+)
+
+
+def write(
+    run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: dict, examples: int, windowed: int = 0
+) -> dict:
     """Write ``run_dir/head_classes.json`` (atomically) and return the summary's entry: counts per class."""
     from rapids_attn.extract.maps import RECENT_WINDOW, SINK_TOKENS
 
@@ -107,6 +122,7 @@ def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: 
         "model": model.get("name"),
         "source": model.get("source"),
         "examples": int(examples),
+        "windowed_examples": int(windowed),
         "definitions": {
             "sink": "mean over the dataset's rows of the attention on the first token, a decoder's first row "
             "(which sees that token alone) left out (Gu et al. 2025)",
@@ -115,6 +131,7 @@ def write(run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: 
             "retrieval": f"attention on the token after an earlier copy of the query's token, {RECENT_WINDOW} "
             "or more tokens back, over the mass of the rows that have such a target",
             "order": "a head takes the first of retrieval, streaming, sink whose score reaches its threshold",
+            **({"windows": WINDOWS_NOTE} if windowed else {}),
         },
         "thresholds": dict(thresholds),
         "sink_tokens": SINK_TOKENS,

@@ -110,7 +110,7 @@ class ExplainStage(Stage):
             thresholds,
         )
         summary["head_classes"] = HC.write(
-            ctx.run_dir, rows, thresholds, summary["model"], summary["counts"]["examples"]
+            ctx.run_dir, rows, thresholds, summary["model"], summary["counts"]["examples"], HC.windowed_examples(g)
         )
         S.create_array(
             g,

@@ -56,24 +56,29 @@ SINK_TOKENS = 4
 RECENT_WINDOW = 64
 
 
-def streaming_score(a: torch.Tensor, causal: bool) -> torch.Tensor:
-    """[head, n, n] -> [head]: the plain reference of the ``streaming`` detector."""
+def streaming_score(a: torch.Tensor, causal: bool, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """[head, n, n] -> [head]: the plain reference of the ``streaming`` detector. ``visible`` [n, n]: the keys
+    each row could see, where not every earlier (causal) or every key (windows: its window's content)."""
     n = a.shape[-1]
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
     near = (j < SINK_TOKENS) | ((i - j).abs() < RECENT_WINDOW)
-    visible = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
+    if visible is None:
+        visible = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
     rows = (visible & ~near).any(-1)
     if not bool(rows.any()):
         return torch.full((a.shape[0],), float("nan"))
     return (a * near).sum(-1)[:, rows].mean(-1)
 
 
-def retrieval_score(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """[head, n, n] maps and their token ids [n] -> [head]: the plain reference of the ``retrieval`` detector."""
+def retrieval_score(a: torch.Tensor, ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """[head, n, n] maps and their token ids [n] -> [head]: the plain reference of the ``retrieval`` detector;
+    ``visible`` as for :func:`streaming_score` (a target the row could not see is no target)."""
     n = a.shape[-1]
     _, ind = repeat_masks(ids)
     far = ind & ((torch.arange(n)[:, None] - torch.arange(n)[None, :]) >= RECENT_WINDOW)
+    if visible is not None:
+        far = far & visible
     rows = far.any(-1)
     if not bool(rows.any()):
         return torch.full((a.shape[0],), float("nan"))
@@ -458,6 +463,7 @@ class LayerReducer:
         softmax: SoftmaxRows | None = None,
         example: int | None = None,
         log_seen: torch.Tensor | None = None,
+        spans: torch.Tensor | None = None,
     ) -> None:
         """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, K]
         (the reducer's heads only when ``selected``, else every head). Rows past an example's length and keys
@@ -474,7 +480,10 @@ class LayerReducer:
 
         With ``example``, the block [1, head, rows, K] holds that example's rows alone (a long input's windows,
         :mod:`rapids_attn.extract.windows`), and ``log_seen`` [rows], when given, is the log of the keys each
-        row could see (its window's, not the whole input's): the normalised entropy's denominator."""
+        row could see (its window's, not the whole input's): the normalised entropy's denominator; ``spans``
+        [rows, 2], when given, the input positions [c0, c1) of the content each row's window holds: the streaming
+        and retrieval detectors then count a row only where its window shows it a key beyond the sink and the
+        recent window (a far target), not where the whole input would."""
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
@@ -541,8 +550,9 @@ class LayerReducer:
             else:
                 d = torch.bmm(c.transpose(0, 1), self._distance_rows(b, kw, r0, m, dev))[..., 0]  # [m, head]
                 acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
-            self._streaming(acc, b, c, rows, n, mass, inv)
-            self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv)
+            sp = None if spans is None else spans[:m].to(dev)
+            self._streaming(acc, b, c, rows, n, mass, inv, sp)
+            self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
 
     def _add_image(self, image, c, right, r0: int, m: int, kw: int, inv) -> None:
         """Add rows r0 .. r0 + m - 1 of a map to its image R @ a @ R.T ([head, S, S]). The rows reach only the
@@ -557,12 +567,19 @@ class LayerReducer:
         image[:, cols] += part
 
     def _streaming(
-        self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None
+        self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None, spans=None
     ) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
-        gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both."""
+        gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both
+        (``spans``: within their window's content, :meth:`add_rows`)."""
         w = RECENT_WINDOW
-        if self.causal:
+        if spans is not None:  # a content key j >= SINK_TOKENS with |i - j| >= w among those the row saw
+            lo = spans[:, 0].clamp_min(SINK_TOKENS)
+            hi = torch.minimum(spans[:, 1], rows + 1) if self.causal else spans[:, 1]  # exclusive
+            beyond = lo <= torch.minimum(rows - w, hi - 1)
+            if not self.causal:
+                beyond |= torch.maximum(rows + w, lo) <= hi - 1
+        elif self.causal:
             beyond = rows >= SINK_TOKENS + w
         else:
             beyond = (rows >= SINK_TOKENS + w) | (rows + w <= n - 1)
@@ -667,7 +684,7 @@ class _Repeats:
         self.start[self.order] = group_start
         self.first = self.order[self.start]  # position -> the first position of its token
 
-    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None) -> None:
+    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None, spans=None) -> None:
         rank = self.rank[r0 : r0 + m]
         has = rank > 0  # rows with an earlier copy: a duplicate-token and an induction target
         if not bool(has.any()):
@@ -687,6 +704,10 @@ class _Repeats:
         acc.hits[b, :, 0] += dup.sum(-1)  # earlier copies
         acc.hits[b, :, 1] += ind.sum(-1)
         far = (local + r0) - (k + 1) >= RECENT_WINDOW
+        if spans is not None:  # windows: a far target counts where the row's window holds it
+            far = far & (k + 1 >= spans[local, 0])
+            far_rows = torch.zeros_like(far_rows)
+            far_rows[local[far]] = True
         acc.hits[b, :, 2] += ind[:, far].sum(-1)
         acc.pattern_mass[b, :, 0] += mass[:, has].sum(-1)
         acc.pattern_mass[b, :, 1] += mass[:, has].sum(-1)

@@ -1,7 +1,9 @@
 """Resolve and load the model and tokenizer: a local folder, a hub id, or a built-in preset.
 
-Eager attention is forced (fused kernels such as SDPA or flash attention never materialise the
-weights). The client loads the config, the tokenizer and the weights' headers (:func:`describe_model`,
+The model is loaded with the blocked capture's attention implementation by default
+(:mod:`rapids_attn.extract.blocked`: the model's own output from SDPA, or the base the job names, and each
+head's statistics from blocks of rows), or eager attention with ``extract.attention: eager`` (whole maps,
+inputs capped at 1024 tokens by default). The client loads the config, the tokenizer and the weights' headers (:func:`describe_model`,
 cheap, done before any worker starts, so a folder the workers could not use is refused in one line);
 workers load the weights once each (:func:`load_model`).
 """

@@ -36,6 +36,8 @@ class Window:
     positions: torch.Tensor
     #: window-local rows this window owns (its rows' places: ``positions[owned]``)
     owned: torch.Tensor
+    #: the input positions [start, end) of the content it holds (its special tokens aside)
+    span: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -105,7 +107,8 @@ def plan_windows(
             owned = list(range(p)) + owned
         if k == len(starts) - 1:
             owned += [len(pos) - x + i for i in range(x)]
-        windows.append(Window(torch.tensor(pos, dtype=torch.long), torch.tensor(owned, dtype=torch.long)))
+        span = (p + a, p + min(a + size, content))
+        windows.append(Window(torch.tensor(pos, dtype=torch.long), torch.tensor(owned, dtype=torch.long), span))
         win_ids.append([ids[g] for g in pos])
         if types is not None:
             win_types.append([types[g] for g in pos])
@@ -143,6 +146,9 @@ class WindowSink:
         self.n = plan.n_tokens
         dev = reducer.device
         self._windows = [(w.positions.to(dev), w.owned.to(dev)) for w in plan.windows]
+        # the content each window's rows saw: the streaming and retrieval detectors count a row only where its
+        # window shows it keys beyond the sink and the recent window
+        self._spans = [torch.tensor([w.span], dtype=torch.long, device=dev) for w in plan.windows]
         # log of the keys each window-local row sees: the window's length, or its place + 1 when causal. A row
         # that sees one key (a causal window's first row, owned when windows do not overlap) has entropy 0;
         # its normalised entropy counts as 0 (log 2 keeps 0 / 0 out)
@@ -190,6 +196,7 @@ class WindowSink:
             ent = None if row_entropy is None else row_entropy[j, :, local][None]
             top = None if row_max is None else row_max[j, :, local][None]
             seen = self._log_seen[k][here]
+            spans = self._spans[k].expand(len(local), 2)
             # owned rows are contiguous in the whole input except where the special tokens join them
             for a, b in _runs(places):
                 self.reducer.add_rows(
@@ -201,6 +208,7 @@ class WindowSink:
                     row_max=None if top is None else top[:, :, a:b],
                     example=0,
                     log_seen=seen[a:b],
+                    spans=spans[a:b],
                 )
 
     def end_layer(self, layer: int) -> None:

@@ -110,6 +110,7 @@ def test_head_classes_json_holds_every_head_with_scores_from_the_store(long_run)
     cfg, summary = long_run
     doc = json.loads((cfg.run_dir / "head_classes.json").read_text())
     assert doc["thresholds"] == {**T, "streaming": 0.5} and doc["examples"] == 6
+    assert doc["windowed_examples"] == 0 and "windows" not in doc["definitions"]
     heads = doc["heads"]
     assert [(h["layer"], h["head"]) for h in heads] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")

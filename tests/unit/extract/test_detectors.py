@@ -77,3 +77,49 @@ def test_no_repeats_gives_zero_and_nan_conditionally():
         assert (scores[:, names.index(name)] == 0).all()  # TransformerLens: no target, no mass on it
     for name in ("duplicate_token_cond", "induction_cond"):
         assert torch.isnan(scores[:, names.index(name)]).all()  # undefined
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_windowed_streaming_and_retrieval_count_what_each_window_shows(causal):
+    """Under model.long_inputs: windows a row sees its window only: a row counts for the streaming score where
+    its window holds a key past the sink and the recent window, and a retrieval target where its window holds
+    it; the reducer fed window by window equals the references on the placed map with that visibility, and
+    differs from reading the placed map as if every row had seen the whole input."""
+    from rapids_attn.extract.maps import LayerReducer, TokenMasks, retrieval_score, streaming_score
+    from rapids_attn.extract.windows import WindowSink, plan_windows
+
+    g = torch.Generator().manual_seed(0)
+    n, width, overlap, heads = 300, 120, 30, 2
+    ids = torch.randint(3, 23, (n,), generator=g)  # 20 tokens: far copies everywhere
+    plan = plan_windows(ids.tolist(), None, width, overlap, (0, 0), causal)
+    size = max(len(w.positions) for w in plan.windows)
+    block = torch.zeros(len(plan.windows), heads, size, size)
+    for k, w in enumerate(plan.windows):
+        m = len(w.positions)
+        s = torch.randn(heads, m, m, generator=g) * 3
+        s[..., 0] += 2.0  # a sink on each window's first token
+        if causal:
+            s = s.masked_fill(torch.ones(m, m, dtype=torch.bool).triu(1), float("-inf"))
+        block[k, :, :m, :m] = s.softmax(-1)
+    masks = TokenMasks.from_ids(ids[None], torch.tensor([1]), torch.tensor([2]))
+    red = LayerReducer([n], masks, [0], list(range(heads)), 8, 4, causal, "cpu")
+    sink = WindowSink(red, plan, causal)
+    sink.add_rows(0, block, 0, selected=True)
+    sink.end_layer(0)
+    dense = torch.zeros(heads, n, n)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for k, w in enumerate(plan.windows):
+        rows = w.positions[w.owned]
+        dense[:, rows[:, None], w.positions[None, :]] = block[k][:, w.owned][..., : len(w.positions)]
+        visible[rows, w.span[0] : w.span[1]] = True
+    if causal:
+        visible &= torch.ones(n, n, dtype=torch.bool).tril()
+    got = red.detectors[0, 0]
+    st, rt = DETECTOR_NAMES.index("streaming"), DETECTOR_NAMES.index("retrieval")
+    want_s, want_r = streaming_score(dense, causal, visible), retrieval_score(dense, ids, visible)
+    assert torch.isfinite(want_s).all() and torch.isfinite(want_r).all()
+    torch.testing.assert_close(got[:, st], want_s, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[:, rt], want_r, atol=1e-5, rtol=1e-5)
+    # the whole input's reading counts rows their windows never let past the recent window
+    assert (streaming_score(dense, causal) - want_s).abs().max() > 1e-3
+    assert (retrieval_score(dense, ids) - want_r).abs().max() > 1e-3

@@ -13,7 +13,15 @@ from helpers import make_job, write_jsonl
 
 from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import tokenize
-from rapids_attn.extract.maps import STAT_NAMES, TokenMasks, area_resize, map_stats
+from rapids_attn.extract.maps import (
+    DETECTOR_NAMES,
+    STAT_NAMES,
+    TokenMasks,
+    area_resize,
+    map_stats,
+    retrieval_score,
+    streaming_score,
+)
 from rapids_attn.store.zarr_store import StoreLayout
 
 ATOL = 1e-5
@@ -195,7 +203,26 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids, small_bl
     torch.testing.assert_close(got["thumbnails"], ref.thumbs, atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(got["stats"][..., keep], ref.stats[..., keep], atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(got["profile"], ref.profile, atol=ATOL, rtol=ATOL)
-    torch.testing.assert_close(got["detectors"], ref.detectors, atol=ATOL, rtol=ATOL, equal_nan=True)
+    # streaming and retrieval count the rows whose window shows them keys beyond the sink and the recent window
+    far = [DETECTOR_NAMES.index("streaming"), DETECTOR_NAMES.index("retrieval")]
+    rest = [d for d in range(len(DETECTOR_NAMES)) if d not in far]
+    torch.testing.assert_close(
+        got["detectors"][..., rest], ref.detectors[..., rest], atol=ATOL, rtol=ATOL, equal_nan=True
+    )
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for w in plan.windows:
+        visible[w.positions[w.owned], w.span[0] : w.span[1]] = True
+    if extractor.causal:
+        visible &= torch.ones(n, n, dtype=torch.bool).tril()
+    for layer in (0, 1):
+        want = torch.stack(
+            [
+                streaming_score(dense[layer], extractor.causal, visible),
+                retrieval_score(dense[layer], torch.tensor(x), visible),
+            ],
+            -1,
+        )
+        torch.testing.assert_close(got["detectors"][0, layer][..., far], want, atol=ATOL, rtol=ATOL, equal_nan=True)
     first = 1 if extractor.causal else 0
     for layer in (0, 1):
         a = dense[layer][:, first:]
