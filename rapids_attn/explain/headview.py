@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 VENDOR_DIR = Path(__file__).resolve().parent / "vendor"
 VENDOR_FILES = ("require.js", "d3.min.js", "jquery.min.js")
 HEADVIEW_DIR = "headviews"
+#: the most tokens a page shows (an exemplar's first ones): the model runs again with eager attention, every
+#: layer's [head, T, T] weights held, and a page draws every pair; at 4,096 tokens on a tiny decoder a page was
+#: 176 MB, and a 30-layer model would hold some 17 GiB of weights per example
+MAX_TOKENS = 512
 
 # BertViz's CDN URLs -> the vendored copies (relative to the page; require.config paths carry no ".js")
 _CDN_REWRITES = (
@@ -179,15 +183,18 @@ def write_head_views(
 
     # the config only: preflight checked the files, and the tokenizer and model are loaded (and checked) next
     max_length = describe_model(model_cfg, check_files=False).max_length
+    shown = min(max_length, MAX_TOKENS)  # eager weights of every layer, and a page that draws every pair
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, "cpu", "float32")  # a few examples: the CPU in float32, whatever the job ran on
     cache: dict[int, tuple[list[str], tuple]] = {}
+    full: dict[int, int] = {}  # each example's tokens in the extraction
 
     def run(index: int):
         if index not in cache:
             ex = _example(examples, index)
-            inputs = tokenize(tokenizer, [ex], max_length).batch([0])  # input_ids (+ token_type_ids)
+            inputs = tokenize(tokenizer, [ex], shown).batch([0])  # input_ids (+ token_type_ids)
             ids = inputs["input_ids"][0]
+            full[index] = tokenize(tokenizer, [ex], max_length).lengths[0] if max_length > shown else len(ids)
             t = {k: torch.tensor(v, dtype=torch.long) for k, v in inputs.items()}
             with torch.no_grad():
                 out = model(**t, attention_mask=torch.ones_like(t["input_ids"]), output_attentions=True)
@@ -234,7 +241,8 @@ def write_head_views(
             )
             title = f"{'noise' if cid == -1 else f'cluster {cid}'} · example {ex_id} · layer {layer} head {head}"
             intro = (
-                f"BertViz head view of example {html.escape(str(ex_id))} ({len(tokens)} tokens), an exemplar of "
+                f"BertViz head view of example {html.escape(str(ex_id))} ({_shown(len(tokens), full[index])}), "
+                "an exemplar of "
                 f"{'the noise' if cid == -1 else f'cluster {cid}'}. Lines join each token on the left (query) "
                 f"to the tokens it attends to on the right (keys); darker is more attention. Head {head} of "
                 f"layer {layer} is shown"
@@ -257,6 +265,15 @@ def write_head_views(
             old.unlink()
     log.info("wrote %d head views in %s", sum(len(p) for p in written.values()), out_dir)
     return written
+
+
+def _shown(n: int, whole: int) -> str:
+    if n >= whole:
+        return f"{n} tokens"
+    return (
+        f"its first {n} of {whole} tokens: a page draws every pair of tokens; a decoder's rows there are the "
+        "whole input's, an encoder's saw these tokens only"
+    )
 
 
 def head_view_sizes(report_dir, written: dict[int, list[str]] | None) -> dict:

@@ -366,6 +366,27 @@ def test_head_view_offline(tmp_path, tiny_bert_dir):
         np.testing.assert_allclose(attn[0, 0], want[layer][0, head].numpy(), atol=1e-3 / 2 + 1e-6)
 
 
+def test_a_head_view_shows_a_long_input_s_first_tokens(tmp_path, tiny_bert_dir, monkeypatch):
+    """A long exemplar is not run eager at its whole length (every layer's T x T weights, a page drawing every
+    pair): the page shows its first MAX_TOKENS tokens and says how many it has."""
+    from rapids_attn.data import Example
+    from rapids_attn.explain import headview
+    from rapids_attn.job import ModelConfig
+
+    monkeypatch.setattr(headview, "MAX_TOKENS", 12)
+    examples = [Example(id="long", text="the castle was built by the normans " * 6)]
+    items = {0: [{"example_index": 0, "example_id": "long", "layer": 0, "head": 1}]}
+    out = headview.write_head_views(tmp_path / "report", ModelConfig(name=str(tiny_bert_dir)), examples, items)
+    page = (tmp_path / "report" / out[0][0]).read_text(encoding="utf-8")
+    params = _head_view_params(page)
+    assert len(params["attention"][0]["left_text"]) == 12
+    assert np.asarray(params["attention"][0]["attn"]).shape == (1, 1, 12, 12)
+    from transformers import AutoTokenizer
+
+    whole = len(AutoTokenizer.from_pretrained(tiny_bert_dir)(examples[0].text)["input_ids"])
+    assert f"its first 12 of {whole} tokens" in page
+
+
 def _head_view_params(page: str) -> dict:
     """The JSON BertViz's script is given (``const params = {...};``) on a head-view page."""
     m = re.search(r"const params = (\{.*?\}); //", page, re.DOTALL)
