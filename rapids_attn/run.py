@@ -154,6 +154,24 @@ def fail(message: str, code: int, verbose: bool) -> int:
     return code
 
 
+def overrides_in_order(argv: list[str]) -> list[str]:
+    """The KEY=VALUE words of every ``--set`` (``--set a=1 b=2`` included) in the order they were typed: a later
+    one wins, as the help says."""
+    out: list[str] = []
+    taking = False
+    for x in argv:
+        if x == "--set":
+            taking = True
+        elif x.startswith("--set="):
+            out.append(x[len("--set=") :])
+            taking = True
+        elif taking and "=" in x and not x.startswith("-"):
+            out.append(x)
+        else:
+            taking = False
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -163,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown argument {unknown[0]}; see --help", file=sys.stderr)
         return 2
+    ordered = overrides_in_order(sys.argv[1:] if argv is None else list(argv))
+    # argparse's own reading when the words differ (an abbreviated --se, say): the same words, its order
+    overrides = ordered if sorted(ordered) == sorted(args.overrides + stray) else args.overrides + stray
     configure_process(args.verbose)
     cfg = None
     try:
@@ -170,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             from rapids_attn.job import load_job
             from rapids_attn.pipeline import parse_stages, preflight, run_job
 
-            cfg = load_job(args.job, args.overrides + stray)
+            cfg = load_job(args.job, overrides)
             stages = parse_stages(args.stages, cfg)
             if args.check:
                 ctx = preflight(cfg, stages, args.overwrite).ctx

@@ -240,3 +240,18 @@ def test_an_interrupt_is_one_line(tmp_path, capsys, monkeypatch, tiny_bert_dir, 
     assert main([str(job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data)))]) == code
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(line) and err.endswith("rerun the same command to resume")
+
+
+def test_a_later_set_wins_in_the_order_typed(tmp_path, capsys, tiny_bert_dir, pair_data):
+    """``--set a=1 b=2 --set b=3``: argparse keeps the words after the first of each --set apart from the rest;
+    the job gets them as typed, so the last value of a field wins."""
+    from rapids_attn.run import overrides_in_order
+
+    job = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
+    assert overrides_in_order(["j.yaml", "--set", "a=1", "b=2", "--set=b=3", "--check", "c=4"]) == ["a=1", "b=2", "b=3"]
+    for argv, want in [
+        (["--set", "data.sample=9", "data.limit=6", "--set", "data.limit=2"], 2),
+        (["--set", "data.limit=2", "--set", "data.sample=9", "data.limit=6"], 6),
+    ]:
+        assert main([str(job), "--check", *argv]) == 0
+        assert f"ok: {want} examples" in capsys.readouterr().out
