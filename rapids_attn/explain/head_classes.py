@@ -105,10 +105,12 @@ def windowed_examples(g) -> int:
 
 
 WINDOWS_NOTE = (
-    "examples read as windows: a row saw its window only, so streaming and retrieval count the rows whose "
-    "window shows them keys past the sink and the recent window (none when windows are shorter than "
-    "sink_tokens + recent_window + 1, the scores then undefined); the sink tokens are the input's first, which "
-    "a tokenizer without a leading special token (GPT-2) does not repeat in each window"
+    "examples read as windows: a row saw its window only, so streaming counts a row where its window shows it a "
+    "key past the window's first sink_tokens tokens (the model's sink there) and the recent window, and "
+    "retrieval a target its window holds; windows of sink_tokens + recent_window tokens or fewer leave both "
+    "undefined, and windows not much longer show a row so little beyond the recent window that almost any head "
+    "reads as streaming (use windows of a few hundred tokens); the sink score is the input's first token's, "
+    "which a tokenizer without a leading special token (GPT-2) does not repeat in each window"
 )
 
 

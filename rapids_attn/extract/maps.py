@@ -56,13 +56,21 @@ SINK_TOKENS = 4
 RECENT_WINDOW = 64
 
 
-def streaming_score(a: torch.Tensor, causal: bool, visible: torch.Tensor | None = None) -> torch.Tensor:
+def streaming_score(
+    a: torch.Tensor, causal: bool, visible: torch.Tensor | None = None, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """[head, n, n] -> [head]: the plain reference of the ``streaming`` detector. ``visible`` [n, n]: the keys
-    each row could see, where not every earlier (causal) or every key (windows: its window's content)."""
+    each row could see, where not every earlier (causal) or every key (windows: its window's content);
+    ``sinks`` [n, SINK_TOKENS]: each row's sink tokens (windows: its window's first tokens; -1 for none),
+    where not the input's first."""
     n = a.shape[-1]
     i = torch.arange(n)[:, None]
     j = torch.arange(n)[None, :]
-    near = (j < SINK_TOKENS) | ((i - j).abs() < RECENT_WINDOW)
+    if sinks is None:
+        sink = j < SINK_TOKENS
+    else:
+        sink = (j[..., None] == sinks[:, None, :]).any(-1)
+    near = sink | ((i - j).abs() < RECENT_WINDOW)
     if visible is None:
         visible = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
     rows = (visible & ~near).any(-1)
@@ -464,6 +472,7 @@ class LayerReducer:
         example: int | None = None,
         log_seen: torch.Tensor | None = None,
         spans: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, K]
         (the reducer's heads only when ``selected``, else every head). Rows past an example's length and keys
@@ -481,9 +490,11 @@ class LayerReducer:
         With ``example``, the block [1, head, rows, K] holds that example's rows alone (a long input's windows,
         :mod:`rapids_attn.extract.windows`), and ``log_seen`` [rows], when given, is the log of the keys each
         row could see (its window's, not the whole input's): the normalised entropy's denominator; ``spans``
-        [rows, 2], when given, the input positions [c0, c1) of the content each row's window holds: the streaming
-        and retrieval detectors then count a row only where its window shows it a key beyond the sink and the
-        recent window (a far target), not where the whole input would."""
+        [rows, 3], when given, the input positions [c0, c1) of the content each row's window holds and the first
+        content position past the window's sink tokens, with ``sinks`` [rows, SINK_TOKENS] those tokens' positions
+        (the window's first, which the model read as its start; -1 for none): the streaming and retrieval
+        detectors then count a row only where its window shows it a key beyond its sink and the recent window
+        (a far target), not where the whole input would."""
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
@@ -551,7 +562,8 @@ class LayerReducer:
                 d = torch.bmm(c.transpose(0, 1), self._distance_rows(b, kw, r0, m, dev))[..., 0]  # [m, head]
                 acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
             sp = None if spans is None else spans[:m].to(dev)
-            self._streaming(acc, b, c, rows, n, mass, inv, sp)
+            sk = None if sinks is None else sinks[:m].to(dev)
+            self._streaming(acc, b, c, rows, n, mass, inv, sp, sk)
             self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
 
     def _add_image(self, image, c, right, r0: int, m: int, kw: int, inv) -> None:
@@ -567,14 +579,23 @@ class LayerReducer:
         image[:, cols] += part
 
     def _streaming(
-        self, acc, b: int, c: torch.Tensor, rows: torch.Tensor, n: int, mass: torch.Tensor, inv=None, spans=None
+        self,
+        acc,
+        b: int,
+        c: torch.Tensor,
+        rows: torch.Tensor,
+        n: int,
+        mass: torch.Tensor,
+        inv=None,
+        spans=None,
+        sinks=None,
     ) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
         gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both
         (``spans``: within their window's content, :meth:`add_rows`)."""
         w = RECENT_WINDOW
-        if spans is not None:  # a content key j >= SINK_TOKENS with |i - j| >= w among those the row saw
-            lo = spans[:, 0].clamp_min(SINK_TOKENS)
+        if spans is not None:  # a content key past the window's sink tokens with |i - j| >= w, among those seen
+            lo = spans[:, 2]
             hi = torch.minimum(spans[:, 1], rows + 1) if self.causal else spans[:, 1]  # exclusive
             beyond = lo <= torch.minimum(rows - w, hi - 1)
             if not self.causal:
@@ -593,14 +614,20 @@ class LayerReducer:
             cs = c[:, sel]  # [head, rows beyond, kw]
             i = rows[sel][:, None]
             inv = None if inv is None else inv[:, sel]
+            sinks = None if sinks is None else sinks[sel]
         kw = c.shape[-1]  # the block's keys (n, or fewer for a causal block: the rest weigh nothing)
         band = i + torch.arange(-(w - 1), w, device=c.device)[None, :]  # [rows, 2W - 1]
         inside = (band >= 0) & (band < kw)
         near = (cs.gather(-1, band.clamp(0, kw - 1).expand(cs.shape[0], -1, -1)) * inside).sum(-1)
-        k = min(SINK_TOKENS, kw)
-        sink_cols = torch.arange(k, device=c.device)[None, :]
-        far_sink = (sink_cols <= i - w).float()  # sink tokens outside the window (inside it they count once)
-        near = near + (cs[:, :, :k] * far_sink).sum(-1)
+        if sinks is None:  # the input's first tokens
+            k = min(SINK_TOKENS, kw)
+            sink_cols = torch.arange(k, device=c.device)[None, :]
+            far_sink = (sink_cols <= i - w).float()  # sink tokens outside the window (inside it they count once)
+            near = near + (cs[:, :, :k] * far_sink).sum(-1)
+        else:  # each row's window's first tokens
+            far_sink = ((sinks >= 0) & (sinks < kw) & ((i - sinks).abs() >= w)).float()
+            got = cs.gather(-1, sinks.clamp(0, kw - 1).expand(cs.shape[0], -1, -1))
+            near = near + (got * far_sink).sum(-1)
         if inv is not None:  # the block holds numerators: divide by the row sums
             near = near * inv
         acc.stream[b] += near.sum(-1)

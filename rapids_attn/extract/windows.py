@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rapids_attn.extract.maps import SINK_TOKENS
+
 
 @dataclass
 class Window:
@@ -146,9 +148,15 @@ class WindowSink:
         self.n = plan.n_tokens
         dev = reducer.device
         self._windows = [(w.positions.to(dev), w.owned.to(dev)) for w in plan.windows]
-        # the content each window's rows saw: the streaming and retrieval detectors count a row only where its
-        # window shows it keys beyond the sink and the recent window
-        self._spans = [torch.tensor([w.span], dtype=torch.long, device=dev) for w in plan.windows]
+        # the content each window's rows saw, and the window's first tokens (what the model read as its start:
+        # [CLS] and the first content tokens, or the first content tokens alone): the streaming and retrieval
+        # detectors count a row only where its window shows it keys beyond those and the recent window
+        self._spans, self._sinks = [], []
+        for w in plan.windows:
+            first = w.positions[:SINK_TOKENS].tolist()
+            past = max(w.span[0], max(first) + 1) if len(first) == SINK_TOKENS else w.span[1]
+            self._spans.append(torch.tensor([[w.span[0], w.span[1], past]], dtype=torch.long, device=dev))
+            self._sinks.append(torch.tensor([first + [-1] * (SINK_TOKENS - len(first))], dtype=torch.long, device=dev))
         # log of the keys each window-local row sees: the window's length, or its place + 1 when causal. A row
         # that sees one key (a causal window's first row, owned when windows do not overlap) has entropy 0;
         # its normalised entropy counts as 0 (log 2 keeps 0 / 0 out)
@@ -196,7 +204,8 @@ class WindowSink:
             ent = None if row_entropy is None else row_entropy[j, :, local][None]
             top = None if row_max is None else row_max[j, :, local][None]
             seen = self._log_seen[k][here]
-            spans = self._spans[k].expand(len(local), 2)
+            spans = self._spans[k].expand(len(local), 3)
+            sinks = self._sinks[k].expand(len(local), SINK_TOKENS)
             # owned rows are contiguous in the whole input except where the special tokens join them
             for a, b in _runs(places):
                 self.reducer.add_rows(
@@ -209,6 +218,7 @@ class WindowSink:
                     example=0,
                     log_seen=seen[a:b],
                     spans=spans[a:b],
+                    sinks=sinks[a:b],
                 )
 
     def end_layer(self, layer: int) -> None:

@@ -108,18 +108,22 @@ def test_windowed_streaming_and_retrieval_count_what_each_window_shows(causal):
     sink.end_layer(0)
     dense = torch.zeros(heads, n, n)
     visible = torch.zeros(n, n, dtype=torch.bool)
+    sinks = torch.full((n, 4), -1)
     for k, w in enumerate(plan.windows):
         rows = w.positions[w.owned]
         dense[:, rows[:, None], w.positions[None, :]] = block[k][:, w.owned][..., : len(w.positions)]
         visible[rows, w.span[0] : w.span[1]] = True
+        sinks[rows] = w.positions[:4]  # the window's first tokens: what the model read as its start
     if causal:
         visible &= torch.ones(n, n, dtype=torch.bool).tril()
     got = red.detectors[0, 0]
     st, rt = DETECTOR_NAMES.index("streaming"), DETECTOR_NAMES.index("retrieval")
-    want_s, want_r = streaming_score(dense, causal, visible), retrieval_score(dense, ids, visible)
+    want_s, want_r = streaming_score(dense, causal, visible, sinks), retrieval_score(dense, ids, visible)
     assert torch.isfinite(want_s).all() and torch.isfinite(want_r).all()
     torch.testing.assert_close(got[:, st], want_s, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[:, rt], want_r, atol=1e-5, rtol=1e-5)
-    # the whole input's reading counts rows their windows never let past the recent window
+    # the whole input's reading counts rows their windows never let past the recent window, and the input's first
+    # tokens as the sink where the model read each window's own
     assert (streaming_score(dense, causal) - want_s).abs().max() > 1e-3
+    assert (streaming_score(dense, causal, visible) - want_s).abs().max() > 1e-3
     assert (retrieval_score(dense, ids) - want_r).abs().max() > 1e-3

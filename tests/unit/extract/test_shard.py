@@ -210,14 +210,16 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids, small_bl
         got["detectors"][..., rest], ref.detectors[..., rest], atol=ATOL, rtol=ATOL, equal_nan=True
     )
     visible = torch.zeros(n, n, dtype=torch.bool)
+    sinks = torch.full((n, 4), -1)
     for w in plan.windows:
         visible[w.positions[w.owned], w.span[0] : w.span[1]] = True
+        sinks[w.positions[w.owned]] = w.positions[:4]
     if extractor.causal:
         visible &= torch.ones(n, n, dtype=torch.bool).tril()
     for layer in (0, 1):
         want = torch.stack(
             [
-                streaming_score(dense[layer], extractor.causal, visible),
+                streaming_score(dense[layer], extractor.causal, visible, sinks),
                 retrieval_score(dense[layer], torch.tensor(x), visible),
             ],
             -1,
