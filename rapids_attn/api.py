@@ -70,7 +70,7 @@ def analyse_maps(
     sep=None,
     punct=None,
     token_ids=None,
-    causal: bool = False,
+    causal: bool | None = None,
     image_size: int = 32,
     embedder: str = "pattern-cnn",
     device: str = "cpu",
@@ -79,7 +79,9 @@ def analyse_maps(
     """Signature, detectors, offset profile, image, features (and pattern labels) of every map.
 
     ``maps``: attention weights, [batch, head, T, T] or [batch, layer, head, T, T] (torch or NumPy), right-padded;
-    ``lengths``: the real token count of each example (default T). ``embedder``: ``pattern-cnn``,
+    ``lengths``: the real token count of each example (default T). ``causal``: decoder attention (the
+    normalised entropy of row i divides by log(i + 1), as the job's maps of a decoder); by default, as the job's
+    probe decides it: no map puts any weight above its diagonal. ``embedder``: ``pattern-cnn``,
     ``pooled`` or a torchvision model name, as ``embed.name`` in a job; ``embed_settings`` are the
     job's other ``embed`` fields (``pooled_size``, ``weights``, ``input_size`` ...)."""
     from rapids_attn.embed.base import build_embedder
@@ -97,6 +99,8 @@ def analyse_maps(
     lengths = [t] * b if lengths is None else [int(n) for n in lengths]
     if len(lengths) != b or not all(1 <= n <= t for n in lengths):
         raise ValueError(f"lengths: expected {b} values in 1..{t}, got {lengths}")
+    if causal is None:  # the job's rule (extract.shard's causality probe): nothing above any diagonal
+        causal = t > 1 and not bool(torch.triu(w.float(), diagonal=1).any())
     sep_mask = _mask(sep, (b, t), "sep").clone()
     sep_mask[:, 0] = False  # position 0 is "first", never a separator too (as in the job)
     ids = token_ids

@@ -100,3 +100,28 @@ def test_cluster_features_is_the_learn_stages_fit():
     assert swept["k_sweep"]["chosen"] == 4 and adjusted_rand_score(truth, auto) == pytest.approx(1.0)
     dense, _ = cluster_features(x, method="hdbscan", pca_components=5, min_cluster_size=30)
     assert adjusted_rand_score(truth, dense) > 0.95
+
+
+def test_decoder_maps_are_read_as_causal_unless_told():
+    """A decoder's maps (nothing above the diagonal) get the job's causal reading by default: the normalised
+    entropy over the keys each row sees; an explicit causal=False reads them as an encoder's."""
+    import numpy as np
+    import torch
+
+    from rapids_attn.api import analyse_maps
+    from rapids_attn.extract.maps import STAT_NAMES
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(2, 3, 20, 20, generator=g).masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf"))
+    maps = s.softmax(-1)
+    k = STAT_NAMES.index("entropy_norm")
+    auto = analyse_maps(maps, embedder="pooled", pooled_size=4)
+    told = analyse_maps(maps, causal=True, embedder="pooled", pooled_size=4)
+    encoder = analyse_maps(maps, causal=False, embedder="pooled", pooled_size=4)
+    np.testing.assert_array_equal(auto.stats, told.stats)
+    assert np.abs(auto.stats[..., k] - encoder.stats[..., k]).max() > 0.05
+    full = torch.randn(2, 3, 20, 20, generator=g).softmax(-1)  # an encoder's: weight above the diagonal
+    np.testing.assert_array_equal(
+        analyse_maps(full, embedder="pooled", pooled_size=4).stats,
+        analyse_maps(full, causal=False, embedder="pooled", pooled_size=4).stats,
+    )
