@@ -105,12 +105,6 @@ def test_cluster_features_is_the_learn_stages_fit():
 def test_decoder_maps_are_read_as_causal_unless_told():
     """A decoder's maps (nothing above the diagonal) get the job's causal reading by default: the normalised
     entropy over the keys each row sees; an explicit causal=False reads them as an encoder's."""
-    import numpy as np
-    import torch
-
-    from rapids_attn.api import analyse_maps
-    from rapids_attn.extract.maps import STAT_NAMES
-
     g = torch.Generator().manual_seed(0)
     s = torch.randn(2, 3, 20, 20, generator=g).masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf"))
     maps = s.softmax(-1)
