@@ -2,7 +2,7 @@
 root): peak memory and time of attention capture against the input's length, on a small Llama-config model
 with random weights (2 layers, 8 query heads sharing 2 key heads, hidden 256), batch 1.
 
-Three ways to run the same input, each in its own process so that one's peak is not another's:
+Four ways to run the same input, each in its own process so that one's peak is not another's:
 
 - ``sdpa``: the bare forward (PyTorch's scaled-dot-product attention): no maps at all, the floor;
 - ``blocked``: the job's default capture (rapids_attn/extract/blocked.py): the model's output from SDPA, and
@@ -112,6 +112,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="forwards per measurement (the best is kept)")
     p.add_argument("--one", nargs=2, metavar=("ATTENTION", "LENGTH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if min(args.lengths) < 2:
+        p.error(f"--lengths: every length must be at least 2 tokens, got {min(args.lengths)}")
+    if args.repeat < 1:
+        p.error(f"--repeat: at least 1 forward per measurement, got {args.repeat}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: no CUDA device is visible; use --device cpu")
     if args.one:
         print(json.dumps(one(args.one[0], int(args.one[1]), args.device, args.repeat)))
         return 0
@@ -125,12 +134,13 @@ def main(argv=None) -> int:
         "| blocked / sdpa | capture / sdpa |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    failed = 0
     for n in args.lengths:
         row = {}
         for att in ("sdpa", "blocked", "capture", "eager"):
             need = 3 * HEADS * n * n * 4 if att == "eager" else 0
             if need > 0.6 * avail:
-                row[att] = {"skipped": f"needs ~{need / 2**30:.0f} GiB"}
+                row[att] = {"skipped": f"not run: needs ~{need / 2**30:.0f} GiB"}
                 continue
             cmd = [sys.executable, "-m", "benchmarks.long_context", "--one", att, str(n), "--device", args.device]
             cmd += ["--repeat", str(args.repeat)]
@@ -138,12 +148,15 @@ def main(argv=None) -> int:
             if out.returncode != 0:
                 last = (out.stderr.strip().splitlines() or ["?"])[-1][:80]
                 row[att] = {"skipped": f"failed (exit {out.returncode}: {last})"}
+                failed += 1
                 continue
             row[att] = json.loads(out.stdout.strip().splitlines()[-1])
 
         def cell(att, key, fmt, row=row):
             r = row[att]
-            return r["skipped"] if "skipped" in r else format(r[key], fmt)
+            if "skipped" in r:  # the reason under memory; under seconds, what happened
+                return r["skipped"] if key == "peak_mb" else r["skipped"].split(":")[0].split(" (")[0]
+            return format(r[key], fmt)
 
         def ratio(att, row=row):
             ok = "seconds" in row["sdpa"] and "seconds" in row[att]
@@ -155,7 +168,9 @@ def main(argv=None) -> int:
             f"| {' | '.join(cell(a, 'seconds', '.2f') for a in atts)} | {ratio('blocked')} | {ratio('capture')} |",
             flush=True,
         )
-    return 0
+    if failed:
+        print(f"{failed} measurement(s) failed: see the table", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -207,3 +207,21 @@ def test_heads_benchmark_refuses_a_missing_model_in_one_line(tmp_path, capsys, m
     assert main(["--questions", "3", "--model", str(tmp_path / "nope"), "--data", str(data)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: model.name: no such model folder")
+
+
+def test_long_context_benchmark_smoke():
+    """python -m benchmarks.long_context at one short length: a row of numbers for all four paths, exit 0."""
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.long_context", "--lengths", "64"],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| 64 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 11
+    for c in cells[1:]:
+        float(c)  # memory, seconds and the two ratios: every path ran
