@@ -40,10 +40,13 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
 
 
 def write_job(job: Path, data: Path, questions: int, seed: int, run_dir: Path, out: Path) -> Path:
-    """``job``, changed only where the protocol says: the data (a seeded sample), the default shard size,
-    the report off, the run directory. Its presets ship in the package, so the copy runs from anywhere."""
+    """``job``, changed only where the protocol says: the data (a seeded sample of SQuAD questions, one input
+    each, as the bare forward reads them, whatever unit the job names), the default shard size, the report off,
+    the run directory. Its presets ship in the package, so the copy runs from anywhere."""
     spec = yaml.safe_load(job.read_text())
-    spec.setdefault("data", {}).update(path=str(data.resolve()), format="squad", sample=questions, seed=seed)
+    spec.setdefault("data", {}).update(
+        path=str(data.resolve()), format="squad", sample=questions, seed=seed, squad_unit="question"
+    )
     spec.setdefault("extract", {}).pop("shard_size", None)  # the default, 128
     spec.setdefault("explain", {})["report"] = False
     spec.setdefault("output", {})["dir"] = str(run_dir)
