@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{clusters['n_clusters']} clusters ({clusters['method']}, silhouette "
             f"{'n/a' if sil is None else f'{sil:.3f}'}), {counts['truncated_examples']} truncated"
         )
-        print(f"outputs: {cfg.run_dir}/maps.parquet, {cfg.run_dir}/summary.json, {cfg.run_dir}/store.zarr")
+        names = ["maps.parquet", "summary.json", "store.zarr"]
+        if summary.get("head_classes"):
+            names.insert(2, "head_classes.json")
+        print("outputs: " + ", ".join(f"{cfg.run_dir}/{n}" for n in names))
         if summary.get("report"):
             print(f"report:  {summary['report']}  (open it in a browser; no server needed)")
     else:
