@@ -114,6 +114,22 @@ WINDOWS_NOTE = (
 )
 
 
+#: windows of this many tokens or fewer show a row too little past the recent window for the streaming and
+#: retrieval classes to say much about a head (a random-weight decoder's heads all read as streaming at 69-72)
+SHORT_WINDOWS = 256
+
+
+def short_windows_warning(windowed: int, max_length: int) -> str | None:
+    """The explain stage's warning when examples were read as windows too short for the classes to mean much."""
+    if not windowed or max_length > SHORT_WINDOWS:
+        return None
+    return (
+        f"head classes: {windowed} example(s) were read as windows of {max_length} tokens; a row there sees at most "
+        f"{max_length} keys, so the streaming and retrieval classes describe the windows more than the heads "
+        f"(README, 'Head classes for long contexts'); raise model.max_length above {SHORT_WINDOWS} for them"
+    )
+
+
 def write(
     run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: dict, examples: int, windowed: int = 0
 ) -> dict:

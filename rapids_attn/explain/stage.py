@@ -109,9 +109,13 @@ class ExplainStage(Stage):
             findings.heads,
             thresholds,
         )
+        windowed = HC.windowed_examples(g)
         summary["head_classes"] = HC.write(
-            ctx.run_dir, rows, thresholds, summary["model"], summary["counts"]["examples"], HC.windowed_examples(g)
+            ctx.run_dir, rows, thresholds, summary["model"], summary["counts"]["examples"], windowed
         )
+        short = HC.short_windows_warning(windowed, ctx.model.max_length)
+        if short:
+            findings.warnings.append(short)
         S.create_array(
             g,
             S.HEAD_DETECTORS,

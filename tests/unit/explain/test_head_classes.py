@@ -8,7 +8,7 @@ import pytest
 import zarr
 from helpers import make_job, write_jsonl
 
-from rapids_attn.explain.head_classes import classify, head_scores
+from rapids_attn.explain.head_classes import classify, head_scores, short_windows_warning
 from rapids_attn.job import load_job
 from rapids_attn.pipeline import run_job
 
@@ -59,6 +59,13 @@ def test_the_sink_score_weighs_rows_and_leaves_out_a_decoders_first_row(tmp_path
     # only one-token inputs in a decoder: undefined, not 1
     g = _store(tmp_path, np.array([1.0, 1.0])[:, None, None], [1, 1], causal=True)
     assert np.isnan(head_scores(g, np.zeros((1, 1, 0)), [])["sink"][0, 0])
+
+
+def test_short_windows_are_warned_about():
+    assert short_windows_warning(0, 64) is None  # nothing windowed
+    assert short_windows_warning(3, 512) is None  # BERT's windows: room past the recent window
+    w = short_windows_warning(3, 128)
+    assert "3 example(s) were read as windows of 128 tokens" in w and "model.max_length" in w and "\n" not in w
 
 
 @pytest.fixture(scope="module")
