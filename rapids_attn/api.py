@@ -99,8 +99,10 @@ def analyse_maps(
     lengths = [t] * b if lengths is None else [int(n) for n in lengths]
     if len(lengths) != b or not all(1 <= n <= t for n in lengths):
         raise ValueError(f"lengths: expected {b} values in 1..{t}, got {lengths}")
-    if causal is None:  # the job's rule (extract.shard's causality probe): nothing above any diagonal
-        causal = t > 1 and not bool(torch.triu(w.float(), diagonal=1).any())
+    if causal is None:  # the job's rule (extract.shard's causality probe): nothing above any example's diagonal
+        causal = max(lengths) > 1 and not any(
+            bool(torch.triu(w[i, ..., :n, :n].float(), diagonal=1).any()) for i, n in enumerate(lengths)
+        )
     sep_mask = _mask(sep, (b, t), "sep").clone()
     sep_mask[:, 0] = False  # position 0 is "first", never a separator too (as in the job)
     ids = token_ids

@@ -212,8 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         full = disk_full(e)
         blocked = unwritable(e) if full is None else None
         if blocked is not None:
+            where = os.fsdecode(blocked.filename)
+            if not os.path.isabs(where) and cfg is not None:  # a library's path, relative to its store
+                where = f"{where} under {cfg.run_dir}"
             return fail(
-                f"error: cannot write {blocked.filename}: {blocked.strerror}; move it out of the way or fix its "
+                f"error: cannot write {where}: {blocked.strerror}; move it out of the way or fix its "
                 "permissions, and rerun the same command to resume (finished stages are kept)",
                 2,
                 args.verbose,

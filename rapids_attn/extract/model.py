@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,6 +345,10 @@ def check_weights(cfg, source: str) -> None:
         if why == "missing":
             raise ModelError(
                 f"model.name: {path} names the weights file {f.name}, which is not there; copy the model again"
+            )
+        if why is not None and not os.access(f, os.R_OK):
+            raise ModelError(
+                f"model.name: the weights file {f} cannot be read (permission denied); let this user read it"
             )
         if why is not None:
             raise ModelError(

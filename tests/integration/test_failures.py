@@ -263,7 +263,7 @@ def test_an_output_that_cannot_be_written_is_one_line_and_leaves_no_temporary_fi
     (run / "head_classes.json").mkdir()
     assert main([str(small_job), "--stages", "explain"]) == 2
     lines = failure_lines(capsys.readouterr().err)
-    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {run / 'head_classes.json'}"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {run / 'head_classes.json'}: "), lines
     assert "rerun the same command" in lines[0]
     assert not (run / "head_classes.json.tmp").exists()
     (run / "head_classes.json").rmdir()

@@ -114,6 +114,14 @@ def test_decoder_maps_are_read_as_causal_unless_told():
     encoder = analyse_maps(maps, causal=False, embedder="pooled", pooled_size=4)
     np.testing.assert_array_equal(auto.stats, told.stats)
     assert np.abs(auto.stats[..., k] - encoder.stats[..., k]).max() > 0.05
+    # right padding that holds anything (here 1 / T) is not the maps': only each example's own block is read
+    padded = maps.clone()
+    padded[1, :, 15:, :] = 1 / 20
+    padded[1, :, :, 15:] = 1 / 20
+    np.testing.assert_array_equal(
+        analyse_maps(padded, [20, 15], embedder="pooled", pooled_size=4).stats,
+        analyse_maps(padded, [20, 15], causal=True, embedder="pooled", pooled_size=4).stats,
+    )
     full = torch.randn(2, 3, 20, 20, generator=g).softmax(-1)  # an encoder's: weight above the diagonal
     np.testing.assert_array_equal(
         analyse_maps(full, embedder="pooled", pooled_size=4).stats,
