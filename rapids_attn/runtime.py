@@ -121,6 +121,13 @@ def environ_kept_of_workers():
     import dask
 
     keys = set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}) | {"MALLOC_TRIM_THRESHOLD_"}
+    with environ_kept(keys):
+        yield
+
+
+@contextlib.contextmanager
+def environ_kept(keys):
+    """This process's environment variables ``keys`` as they were, on leaving (set again, or removed)."""
     old = {k: os.environ.get(k) for k in keys}
     try:
         yield
@@ -193,20 +200,13 @@ def start_worker_server(cfg) -> bool:
         return False
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_MODULES))
-    old = {k: os.environ.get(k) for k in env}
     try:
-        with sigint_blocked():
+        with environ_kept(env), sigint_blocked():
             os.environ.update(env)
             forkserver.ensure_running()  # a no-op while it runs; started (or started again) otherwise
     except (OSError, ValueError) as e:  # the platform refused: spawn, as before
         log.debug("no fork server (%s): local workers are spawned", e)
         return False
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     _server_env, _server_pid = env, getattr(forkserver._forkserver, "_forkserver_pid", None)
     return True
 

@@ -192,12 +192,17 @@ def test_attention_sinks_reach_the_output_and_the_maps(base, layers):
     # transformers refuses an implementation named for SDPA on gpt-oss (no SDPA support): the job's load resolves
     # the default base to the capture's own output there
     assert resolve_base(base, cfg) == "capture"
-    blocked = cls._from_config(copy.deepcopy(cfg), attn_implementation=register(resolve_base(base, cfg))).eval()
+    _equals_eager_captured_or_not(cls, cfg, eager, resolve_base(base, cfg), layers, [0, 1, 2, 3])
+
+
+def _equals_eager_captured_or_not(cls, cfg, eager, base, layers, heads):
+    """The blocked model on ``base``: its maps of ``layers`` x ``heads`` and its output, in a capture and in a forward
+    without one (every layer's output from the fallback), equal eager's within 1e-5."""
+    blocked = cls._from_config(copy.deepcopy(cfg), attn_implementation=register(base)).eval()
     blocked.load_state_dict(eager.state_dict())
     lengths = [23, 17, 9, 1]
     batch = _batch(lengths)
     masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
-    heads = [0, 1, 2, 3]
     ref = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=1 << 26)
     AttentionCapture(eager, 2).run(batch, ref)
     red = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=2000)
@@ -206,7 +211,7 @@ def test_attention_sinks_reach_the_output_and_the_maps(base, layers):
         torch.testing.assert_close(getattr(red, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
     with torch.inference_mode():
         want = eager(**batch).last_hidden_state
-        alone = blocked(**batch).last_hidden_state  # no capture: every layer's output from the fallback
+        alone = blocked(**batch).last_hidden_state
     for b, n in enumerate(lengths):
         torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(alone[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
@@ -233,24 +238,7 @@ def test_soft_capping_reaches_the_output_and_the_maps_of_any_heads(layers, heads
     )
     torch.manual_seed(0)
     eager = Gemma2Model._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
-    base = resolve_base("sdpa", cfg)
-    blocked = Gemma2Model._from_config(copy.deepcopy(cfg), attn_implementation=register(base)).eval()
-    blocked.load_state_dict(eager.state_dict())
-    lengths = [23, 17, 9, 1]
-    batch = _batch(lengths)
-    masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
-    ref = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=1 << 26)
-    AttentionCapture(eager, 2).run(batch, ref)
-    red = LayerReducer(lengths, masks, layers, heads, 8, 4, True, "cpu", block_bytes=2000)
-    out = AttentionCapture(blocked, 2).run(batch, red).last_hidden_state
-    for name in ("images", "thumbs", "stats", "profile", "detectors"):
-        torch.testing.assert_close(getattr(red, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
-    with torch.inference_mode():
-        want = eager(**batch).last_hidden_state
-        alone = blocked(**batch).last_hidden_state
-    for b, n in enumerate(lengths):
-        torch.testing.assert_close(out[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(alone[b, :n], want[b, :n], rtol=1e-5, atol=1e-5)
+    _equals_eager_captured_or_not(Gemma2Model, cfg, eager, resolve_base("sdpa", cfg), layers, heads)
 
 
 def test_the_sdpa_base_stays_where_the_model_supports_sdpa():
