@@ -241,7 +241,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
         v_one = None if fused else torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
         # rows past an example's length are not the reducer's: their output is 0 (no real token reads them)
         out = torch.zeros(query.shape[0], n_q_heads, q_len, v.shape[-1], dtype=torch.float32, device=query.device)
-    scratch = _scratch(q.shape[0] * len(heads) * min(rows, q_len) * kv_len, q.device)
+    scratch = _scratch(q.shape[0] * len(heads) * min(rows, q_len) * kv_len, q.device, getattr(sink, "scratch", None))
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)
         kv = _visible_keys(mask, r0, r1, past, kv_len) if causal and plain else kv_len  # keys these rows can see
@@ -294,12 +294,34 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     return out.transpose(1, 2).to(query.dtype).contiguous() if own else None
 
 
-def _scratch(numel: int, device) -> torch.Tensor:
-    """A flat float32 buffer for a layer's blocks of scores, each block a view of it: a fresh block would be fresh
-    memory, and on the CPU a block past glibc's mmap threshold (32 MiB at most) is mapped anew each time, its first
-    writes page faults; at 4k tokens that made the scores' product five times slower than the product itself
-    (11.3 ms against 2.1 ms a block). Freed with the layer, so the memory between layers is as before."""
-    return torch.empty(numel, dtype=torch.float32, device=device)
+def _scratch(numel: int, device, pool: ScratchPool | None = None) -> torch.Tensor:
+    """A flat float32 buffer for a layer's blocks of scores, each block a view of it. With ``pool`` (the capture's,
+    one per forward) the buffer is the forward's: a fresh block would be fresh memory, and on the CPU a block past
+    glibc's mmap threshold (32 MiB at most) is mapped anew each time, its first writes page faults (at 4k tokens
+    the scores' product took 11.3 ms a block into fresh memory against 2.1 ms into a reused buffer; a buffer per
+    layer still faulted once a layer, 25 of a forward's 53 ms of scores' products, docs/benchmarks.md)."""
+    if pool is None:
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    return pool.get(numel, device)
+
+
+class ScratchPool:
+    """One forward's buffer for :func:`_scratch`: grown to the largest block asked for, kept until the forward
+    ends (:meth:`rapids_attn.extract.capture.AttentionCapture.run`). Between layers it sits beside the model's own
+    activations, at most one block's scores (``extract.attention_block_mb`` bounds it)."""
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def get(self, numel: int, device) -> torch.Tensor:
+        buf = self._buf
+        if buf is None or buf.numel() < numel or buf.device != torch.device(device):
+            self._buf = None  # the old one goes before the new one is allocated
+            buf = self._buf = torch.empty(numel, dtype=torch.float32, device=device)
+        return buf[:numel]
+
+    def release(self) -> None:
+        self._buf = None
 
 
 def _visible_keys(mask, r0: int, r1: int, past: int, kv_len: int) -> int:
@@ -315,8 +337,8 @@ def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):
     """The fast path's mask of query rows r0.. of ``scores`` [batch, head, rows, kv] (a causal block's keys
     stop at its last row): a boolean 4-D mask, a 2-D padding mask, or None with ``causal`` and a sliding
     window. Fills hidden scores with MASKED; returns what :func:`_zero_hidden` needs after the exp: a boolean
-    tensor broadcasting against the block, ``("diag", first key)`` when only the causal triangle of the last
-    keys is hidden, or None."""
+    tensor broadcasting against the block, ``("diag", first key, 1.0 where seen)`` when only the causal
+    triangle of the last keys is hidden, or None."""
     rows, kv, dev = scores.shape[2], scores.shape[3], scores.device
     if mask is not None and mask.dim() == 4:
         hide = ~mask[:, :, r0 : r0 + rows, :kv].to(dev)
@@ -324,9 +346,11 @@ def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):
         return hide
     if causal and not window and mask is None:  # keys r0 + past .. kv - 1 hold the triangle: row r0 + a hides
         k0 = r0 + past  # the keys past its own, and nothing else is hidden
-        tri = torch.ones(rows, kv - k0, dtype=torch.bool, device=dev).triu_(1)
-        scores[..., k0:].masked_fill_(tri, MASKED)
-        return ("diag", k0, tri)
+        # as floats (1 seen, 0 hidden), added and multiplied: a [rows, rows] boolean broadcast over the batch and
+        # heads makes masked_fill_ five to seven times slower than add_ or mul_ (0.14 ms against 0.02 at 272 rows)
+        keep = torch.ones(rows, kv - k0, dtype=torch.float32, device=dev).tril_()
+        scores[..., k0:].add_((keep - 1.0).mul_(-MASKED))
+        return ("diag", k0, keep)
     hide = _position_hide(mask, r0, rows, past, kv, causal, window, dev)
     if hide is not None:
         scores.masked_fill_(hide, MASKED)
@@ -337,8 +361,8 @@ def _zero_hidden(w, hide) -> None:
     if hide is None:
         return
     if isinstance(hide, tuple):
-        _, k0, tri = hide
-        w[..., k0:].masked_fill_(tri, 0.0)
+        _, k0, keep = hide
+        w[..., k0:].mul_(keep)
     else:
         w.masked_fill_(hide, 0.0)
 

@@ -16,6 +16,7 @@ import torch
 
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.blocked import PREFIX as BLOCKED_PREFIX
+from rapids_attn.extract.blocked import ScratchPool
 
 Sink = Callable[[int, torch.Tensor], None]  # (layer index, weights [batch, head, q, k])
 
@@ -124,11 +125,13 @@ class AttentionCapture:
                 sink.end_layer(layer)
 
         counting = _Counting()
+        counting.scratch = ScratchPool()  # the blocks' buffer, kept through this forward's layers
         for i, m in enumerate(self.modules):
             m._rapids_capture = (counting, i)
         try:
             output = self.model(**batch)
         finally:
+            counting.scratch.release()
             for m in self.modules:
                 m.__dict__.pop("_rapids_capture", None)
         if sorted(seen) != list(range(self.n_layers)):
@@ -154,7 +157,8 @@ class _Assembled:
         return True
 
     def add_rows(self, layer: int, block: torch.Tensor, first_row: int, selected: bool = False, **_rows) -> None:
-        self.rows.setdefault(layer, []).append((first_row, block))
+        # a copy: the blocked path reuses one buffer for its blocks
+        self.rows.setdefault(layer, []).append((first_row, block.clone()))
 
     def end_layer(self, layer: int) -> None:
         parts = sorted(self.rows.pop(layer, []), key=lambda p: p[0])

@@ -318,30 +318,36 @@ def test_a_causal_block_reads_later_keys_a_prefix_mask_shows():
     assert _visible_keys(prefix, 6, 8, 0, 10) == 8
 
 
-def test_one_scores_buffer_serves_every_block_of_a_layer(monkeypatch):
-    """A layer's blocks of scores are views of one buffer (blocked._scratch), allocated once per layer: fresh CPU
-    memory per block would page-fault on every block past glibc's mmap threshold."""
+def test_one_scores_buffer_serves_every_block_of_a_forward(monkeypatch):
+    """A forward's blocks of scores, in every layer, are views of one buffer (blocked.ScratchPool), allocated once
+    and released when the forward ends: fresh CPU memory per block, or per layer, would page-fault past glibc's
+    mmap threshold."""
     eager, blocked, _, _ = _models("llama")
     lengths = [23, 17, 9, 1]
     batch = _batch(lengths)
-    buffers, products = [], []
-    real_scratch, real_matmul = blocked_mod._scratch, torch.matmul
+    allocations, pools, products = [], [], []
+    real_matmul, real_get = torch.matmul, blocked_mod.ScratchPool.get
 
-    def scratch(numel, device):
-        buffers.append(real_scratch(numel, device))
-        return buffers[-1]
+    def get(pool, numel, device):
+        pools.append(pool)
+        view = real_get(pool, numel, device)
+        if not any(buf is pool._buf for buf in allocations):
+            allocations.append(pool._buf)
+        return view
 
     def matmul(a, b, out=None):
         if out is not None:
-            products.append(out.data_ptr() - buffers[-1].data_ptr())  # where in the layer's buffer it lands
+            products.append(out.data_ptr() - pools[-1]._buf.data_ptr())  # where in the buffer it lands
         return real_matmul(a, b, out=out)
 
-    monkeypatch.setattr(blocked_mod, "_scratch", scratch)
+    monkeypatch.setattr(blocked_mod.ScratchPool, "get", get)
     monkeypatch.setattr(blocked_mod.torch, "matmul", matmul)
     budget = 3 * (4 * 4 * 23 * 4 * 3 + 23 * 4 * 6)  # 3 rows a block: many blocks per layer
     got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], True, budget)
     monkeypatch.undo()
-    assert len(buffers) == 2  # one per layer
-    assert len(products) > 2 * 2 and set(products) == {0}  # every block's scores at the start of its buffer
+    assert len(pools) == 2 and pools[0] is pools[1]  # both layers ask the forward's pool
+    assert len(allocations) == 1  # which allocates one buffer
+    assert len(products) > 2 * 2 and set(products) == {0}  # every block's scores at the start of the buffer
+    assert pools[0]._buf is None  # released when the forward ends
     ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], True, 1 << 26)
     torch.testing.assert_close(got.stats, ref.stats, rtol=1e-5, atol=1e-5, equal_nan=True)
