@@ -108,9 +108,10 @@ WINDOWS_NOTE = (
     "examples read as windows: a row saw its window only, so streaming counts a row where its window shows it a "
     "key past the window's first sink_tokens tokens (the model's sink there) and the recent window, and "
     "retrieval a target its window holds; windows of sink_tokens + recent_window tokens or fewer leave "
-    "streaming undefined (and of recent_window + 1 or fewer retrieval too), and windows not much longer show a row so little beyond the recent window that almost any head "
-    "reads as streaming (use windows of a few hundred tokens); the sink score is the input's first token's, "
-    "which a tokenizer without a leading special token (GPT-2) does not repeat in each window"
+    "streaming undefined (and of recent_window + 1 or fewer retrieval too), and windows not much longer show a "
+    "row so little beyond the recent window that almost any head reads as streaming (use windows of a few "
+    "hundred tokens); the sink score reads a row's attention on its window's first token ([CLS] on BERT, "
+    "the window's first content token where the tokenizer adds no leading special token, as GPT-2's)"
 )
 
 

@@ -494,7 +494,8 @@ class LayerReducer:
         content position past the window's sink tokens, with ``sinks`` [rows, SINK_TOKENS] those tokens' positions
         (the window's first, which the model read as its start; -1 for none): the streaming and retrieval
         detectors then count a row only where its window shows it a key beyond its sink and the recent window
-        (a far target), not where the whole input would."""
+        (a far target), not where the whole input would, and the ``first`` statistic reads each row's weight on
+        its window's first token."""
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
@@ -531,6 +532,9 @@ class LayerReducer:
                 row_max = inv[None]
                 both = full[..., :5] * inv[..., None]
             keys = both[..., :4]
+            if sinks is not None:  # windows: a row's first token is its window's, what the model read as its start
+                keys = keys.clone()
+                keys[..., _K["first"]] = self._on_window_start(c, sinks[:m, 0].to(dev), inv)
             acc.keys[b] += keys.sum(1)
             self._add_image(acc.image[b], c, right, r0, m, kw, inv)
             bi = wb if softmax is None else 0
@@ -565,6 +569,16 @@ class LayerReducer:
             sk = None if sinks is None else sinks[:m].to(dev)
             self._streaming(acc, b, c, rows, n, mass, inv, sp, sk)
             self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
+
+    @staticmethod
+    def _on_window_start(c: torch.Tensor, start: torch.Tensor, inv=None) -> torch.Tensor:
+        """[head, rows]: each row's weight on its window's first token (``start`` [rows], a position of the whole
+        input; -1 or one past the block's keys for none). On BERT that is the repeated [CLS], position 0 for every
+        window; on a tokenizer without a leading special token (GPT-2) the window's first content token."""
+        kw = c.shape[-1]
+        seen = ((start >= 0) & (start < kw)).to(c.dtype)
+        got = c.gather(-1, start.clamp(0, kw - 1)[None, :, None].expand(c.shape[0], -1, 1))[..., 0] * seen
+        return got if inv is None else got * inv
 
     def _add_image(self, image, c, right, r0: int, m: int, kw: int, inv) -> None:
         """Add rows r0 .. r0 + m - 1 of a map to its image R @ a @ R.T ([head, S, S]). The rows reach only the

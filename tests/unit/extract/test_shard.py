@@ -197,8 +197,8 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids, small_bl
     ref = LayerReducer([n], masks, [0, 1], [0, 1], 16, 4, extractor.causal, "cpu")
     for layer in (0, 1):
         ref(layer, dense[layer][None])
-    norm = STAT_NAMES.index("entropy_norm")
-    keep = [s for s in range(len(STAT_NAMES)) if s != norm]
+    norm, first_stat = STAT_NAMES.index("entropy_norm"), STAT_NAMES.index("first")
+    keep = [s for s in range(len(STAT_NAMES)) if s not in (norm, first_stat)]
     torch.testing.assert_close(got["images"], ref.images, atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(got["thumbnails"], ref.thumbs, atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(got["stats"][..., keep], ref.stats[..., keep], atol=ATOL, rtol=ATOL)
@@ -225,6 +225,12 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids, small_bl
             -1,
         )
         torch.testing.assert_close(got["detectors"][0, layer][..., far], want, atol=ATOL, rtol=ATOL, equal_nan=True)
+    # the first token of a row is its window's first: [CLS] (position 0) on BERT, the window's first content
+    # token on GPT-2, whose tokenizer adds no leading special token
+    if extractor.causal:  # the tiny decoders' tokenizers add none: the later windows start on content
+        assert not (sinks[:, 0] == 0).all()
+    on_start = dense.gather(-1, sinks[:, :1].expand(2, 2, n, 1))[..., 0]  # [layer, head, n]
+    torch.testing.assert_close(got["stats"][0, ..., first_stat], on_start.mean(-1), atol=ATOL, rtol=ATOL)
     first = 1 if extractor.causal else 0
     for layer in (0, 1):
         a = dense[layer][:, first:]
