@@ -604,9 +604,9 @@ class LayerReducer:
         spans=None,
         sinks=None,
     ) -> None:
-        """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW (a band
-        gathered, 2 W - 1 keys a row) and on the sink tokens outside it, over the rows that see beyond both
-        (``spans``: within their window's content, :meth:`add_rows`)."""
+        """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW
+        (:meth:`_band_mass`) and on the sink tokens outside it, over the rows that see beyond both (``spans``:
+        within their window's content, :meth:`add_rows`)."""
         w = RECENT_WINDOW
         if spans is not None:  # a content key past the window's sink tokens with |i - j| >= w, among those seen
             lo = spans[:, 2]
@@ -621,31 +621,55 @@ class LayerReducer:
         n_beyond = int(beyond.sum())
         if n_beyond == 0:
             return
-        if n_beyond == len(rows):  # every row (long inputs): the block itself, not a copy of it
-            cs, i = c, rows[:, None]
-        else:
-            sel = beyond.nonzero()[:, 0]
-            cs = c[:, sel]  # [head, rows beyond, kw]
-            i = rows[sel][:, None]
-            inv = None if inv is None else inv[:, sel]
-            sinks = None if sinks is None else sinks[sel]
+        near = self._band_mass(c, int(rows[0]))  # [head, rows]
         kw = c.shape[-1]  # the block's keys (n, or fewer for a causal block: the rest weigh nothing)
-        band = i + torch.arange(-(w - 1), w, device=c.device)[None, :]  # [rows, 2W - 1]
-        inside = (band >= 0) & (band < kw)
-        near = (cs.gather(-1, band.clamp(0, kw - 1).expand(cs.shape[0], -1, -1)) * inside).sum(-1)
+        i = rows[:, None]
         if sinks is None:  # the input's first tokens
-            k = min(SINK_TOKENS, kw)
-            sink_cols = torch.arange(k, device=c.device)[None, :]
-            far_sink = (sink_cols <= i - w).float()  # sink tokens outside the window (inside it they count once)
-            near = near + (cs[:, :, :k] * far_sink).sum(-1)
+            sink_cols = torch.arange(min(SINK_TOKENS, kw), device=c.device)[None, :]
+            got = c[:, :, : sink_cols.shape[1]]
         else:  # each row's window's first tokens
-            far_sink = ((sinks >= 0) & (sinks < kw) & ((i - sinks).abs() >= w)).float()
-            got = cs.gather(-1, sinks.clamp(0, kw - 1).expand(cs.shape[0], -1, -1))
-            near = near + (got * far_sink).sum(-1)
+            sink_cols = sinks
+            got = c.gather(-1, sinks.clamp(0, kw - 1).expand(c.shape[0], -1, -1))
+        # sink tokens outside the window (inside it they count once)
+        far_sink = ((sink_cols >= 0) & (sink_cols < kw) & ((i - sink_cols).abs() >= w)).float()
+        if n_beyond < len(rows):
+            sel = beyond.nonzero()[:, 0]
+            near, got, far_sink = near[:, sel], got[:, sel], far_sink[sel]
+            inv = None if inv is None else inv[:, sel]
+        near = near + (got * far_sink).sum(-1)
         if inv is not None:  # the block holds numerators: divide by the row sums
             near = near * inv
         acc.stream[b] += near.sum(-1)
         acc.rows[b, 3] += n_beyond
+
+    def _band_mass(self, c: torch.Tensor, r0: int) -> torch.Tensor:
+        """[head, rows]: each row's mass on the keys within RECENT_WINDOW of it (``|i - j| < W``; ``i - W < j <=
+        i`` when causal, the keys after a row weighing nothing), for rows r0.. of a block ``c`` [head, rows, K].
+        The rows whose band lies inside the block's keys read it as a strided view (row i's band starts one
+        element further along than row i - 1's: a stride of the row's plus one), no index and no copy; only
+        the rows at the edges gather theirs."""
+        w = RECENT_WINDOW
+        h, m, kw = c.shape
+        lo, hi = -(w - 1), 0 if self.causal else w - 1  # the band's first and last key, from the diagonal
+        a = min(max(0, -(r0 + lo)), m)  # rows a .. b - 1: those whose band is inside [0, kw)
+        b = max(a, min(m, kw - hi - r0))
+        if c.stride(-1) != 1:
+            a = b = 0
+        out = c.new_empty(h, m)
+        if a < b:
+            band = c.as_strided(
+                (h, b - a, hi - lo + 1),
+                (c.stride(0), c.stride(1) + 1, 1),
+                c.storage_offset() + a * (c.stride(1) + 1) + r0 + lo,
+            )
+            out[:, a:b] = band.sum(-1)
+        edge = torch.cat([torch.arange(0, a), torch.arange(b, m)]).to(c.device)
+        if len(edge):
+            cols = (edge + r0)[:, None] + torch.arange(lo, hi + 1, device=c.device)[None, :]  # [edge rows, band]
+            inside = (cols >= 0) & (cols < kw)
+            got = c[:, edge].gather(-1, cols.clamp(0, kw - 1).expand(h, -1, -1))
+            out[:, edge] = (got * inside).sum(-1)
+        return out
 
     def _repeats_of(self, b: int, n: int, device) -> _Repeats:
         r = self._repeats.get(b)
