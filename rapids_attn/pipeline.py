@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rapids_attn.errors import JobConfigError, StoreError
+from rapids_attn.errors import DataError, JobConfigError, StoreError
 from rapids_attn.explain.stage import ExplainStage
 from rapids_attn.extract.stage import ExtractStage
 from rapids_attn.heads.stage import HeadsStage
@@ -145,6 +145,26 @@ class RunPlan:
     stages: list[Stage]
 
 
+def _check_texts(cfg: JobConfig, data) -> None:
+    """An example with no text, where the tokenizer adds no special tokens (GPT-2's), is no tokens and has no
+    attention to capture: refused here, before any worker starts, naming it. (Parquet's index pass reads ids
+    only; there the worker refuses it, :func:`rapids_attn.extract.shard.check_tokens`.)"""
+    hit = data.first_without_text()
+    if hit is None:
+        return
+    from rapids_attn.extract.batching import tokenize
+    from rapids_attn.extract.model import load_tokenizer
+
+    _, ex, count = hit
+    if tokenize(load_tokenizer(cfg.model), [ex], 16).lengths[0] > 0:  # [CLS] [SEP] and the like: a map to read
+        return
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    raise DataError(
+        f"data.path: example {ex.id!r}{more} has no text, and the tokenizer of model.name adds no special "
+        "tokens, so it has no tokens to attend over; give it text or remove it from the data"
+    )
+
+
 def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bool = False) -> RunPlan:
     """Resolve the run (examples, model, devices, layout) and run every check, before any worker starts."""
     from rapids_attn.devices import resolve_devices
@@ -162,6 +182,7 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair))),
         attention=cfg.extract.attention,
     )
+    _check_texts(cfg, data)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     if info.attention == "blocked":
         from rapids_attn.extract.blocked import check_base

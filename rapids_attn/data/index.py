@@ -126,9 +126,23 @@ class DataIndex:
     fingerprint: str = ""
     #: what the user should know about the selection (one line each; the pipeline prints them)
     warnings: tuple[str, ...] = ()
+    #: the file's records with no text (:func:`no_text`), ascending; Parquet's pass reads ids only: none there
+    empty_records: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.records) + len(self.inline)
+
+    def first_without_text(self) -> tuple[int, Example, int] | None:
+        """The first example this run reads that has no text, as (its position in the run, the example, how
+        many such examples the run reads), or None."""
+        records = np.asarray(self.records)
+        picked = np.flatnonzero(np.isin(records, np.asarray(self.empty_records, dtype=np.int64)))
+        inline = [i for i, ex in enumerate(self.inline) if no_text(ex)]
+        count = len(picked) + len(inline)
+        if not count:
+            return None
+        pos = int(picked[0]) if len(picked) else len(records) + inline[0]
+        return pos, self.read([pos])[0], count
 
     def with_inline(self, examples: Iterable[Example]) -> DataIndex:
         """This index with ``examples`` appended (the probes)."""
@@ -196,10 +210,13 @@ class Examples(Sequence):
 # ---------------------------------------------------------------------------------------- the pass
 
 
-def scan(source: Source, path: Path, every: int = CHECKPOINT_EVERY, collect: list | None = None):
+def scan(
+    source: Source, path: Path, every: int = CHECKPOINT_EVERY, collect: list | None = None, empty: list | None = None
+):
     """One pass: (record count, checkpoints or None, id hashes or None). A source's pass yields each record's
     Example (line files, HF) or only its id (Parquet); ``collect``, if given, receives the Examples, and
-    otherwise each is dropped once its id is hashed."""
+    otherwise each is dropped once its id is hashed; ``empty``, if given, receives the record numbers of the
+    Examples with no text (:func:`no_text`)."""
     lines = isinstance(source, LineSource)
     marks = array("q")
     hashes = None if source.numbered else array("q")
@@ -212,6 +229,8 @@ def scan(source: Source, path: Path, every: int = CHECKPOINT_EVERY, collect: lis
             if isinstance(item, Example):
                 if collect is not None:
                     collect.append(item)
+                if empty is not None and no_text(item):
+                    empty.append(n)
                 item = item.id
             if hashes is not None:
                 hashes.append(hash(item))
@@ -220,6 +239,12 @@ def scan(source: Source, path: Path, every: int = CHECKPOINT_EVERY, collect: lis
         raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
     checkpoints = np.frombuffer(marks, dtype=np.int64).reshape(-1, 2).copy() if lines else None
     return n, checkpoints, hashes
+
+
+def no_text(ex: Example) -> bool:
+    """The example's text (and pair) are empty: a tokenizer that adds no special tokens (GPT-2's) reads it as
+    no tokens, and there is no attention to capture."""
+    return not ex.text and not ex.text_pair
 
 
 def check_unique(index: DataIndex, hashes) -> None:

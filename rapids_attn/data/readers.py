@@ -132,11 +132,23 @@ def build_index(
         source = _open_source(path, fmt, text_fields, id_field, group_field, label_field)
     except PermissionError as e:
         raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
-    n, checkpoints, hashes = (0, None, None) if source is None else scan(source, path, checkpoint_every, collect)
+    no_text: list[int] = []
+    n, checkpoints, hashes = (
+        (0, None, None) if source is None else scan(source, path, checkpoint_every, collect, no_text)
+    )
     _empty(n, path)
     digest = _fingerprint(path, stamped)
     index = DataIndex(
-        path, fmt, source, n, range(n), checkpoints, checkpoint_every, pairs=source.pairs, fingerprint=digest
+        path,
+        fmt,
+        source,
+        n,
+        range(n),
+        checkpoints,
+        checkpoint_every,
+        pairs=source.pairs,
+        fingerprint=digest,
+        empty_records=tuple(no_text),
     )
     check_unique(index, hashes)
     del hashes

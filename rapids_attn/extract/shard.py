@@ -101,7 +101,8 @@ class ShardResult:
 
 def check_tokens(examples: list[Example], lengths: list[int]) -> None:
     """An example the tokenizer turned into no tokens has no attention to capture: a one-line error naming it
-    (an empty text, with a tokenizer that adds no special tokens, as GPT-2's)."""
+    (an empty text, with a tokenizer that adds no special tokens, as GPT-2's). Preflight refuses these where
+    the index pass reads texts (:func:`rapids_attn.pipeline._check_texts`); this catches the rest (Parquet)."""
     empty = [ex.id for ex, n_tok in zip(examples, lengths, strict=True) if n_tok == 0]
     if empty:
         from rapids_attn.errors import DataError

@@ -1,6 +1,7 @@
 """Bad inputs from the hostile-user catalogue (issue 12): each is refused by ``--check`` (and so by a run)
 with exit 2 and one line on stderr that names the field, before anything is written."""
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -356,3 +357,32 @@ def test_data_the_tokenizer_cannot_read_is_one_line_exit_2(tmp_path, capsys, tin
     )
     assert "the dataset's first example" in err and "nothing but unknown tokens" in err
     assert not (tmp_path / "run").exists()
+
+
+def _texts_with_an_empty_one(tmp_path: Path) -> Path:
+    p = tmp_path / "texts.jsonl"
+    rows = [{"id": f"r{i}", "text": "" if i == 3 else f"the cat sat on mat number {i}"} for i in range(6)]
+    rows.append({"id": "r6", "text": ""})
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_an_example_without_text_is_refused_at_preflight_where_it_has_no_tokens(
+    tmp_path, capsys, monkeypatch, tiny_gpt2_dir, tiny_bert_dir
+):
+    """GPT-2's tokenizer adds no special tokens: an empty text is no tokens. Preflight names the first such
+    example the run reads (and counts the rest) before any worker starts; a tokenizer that adds [CLS] and
+    [SEP] gives the same example a map, and a selection that leaves it out runs."""
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    data = _texts_with_an_empty_one(tmp_path)
+
+    def job(model, **data_fields):
+        j = make_job(tmp_path, model, data)
+        j["data"] = {"path": str(data), "format": "jsonl", "id_field": "id", **data_fields}
+        return str(_job_file(tmp_path, j))
+
+    err = _one_line_exit_2([job(tiny_gpt2_dir), "--check"], capsys, "example 'r3' (and 1 more) has no text")
+    assert "model.name" in err
+    assert not (tmp_path / "run").exists()
+    assert main([job(tiny_gpt2_dir, limit=3), "--check"]) == 0  # r0..r2: all have text
+    assert main([job(tiny_bert_dir), "--check"]) == 0  # [CLS] [SEP]: two tokens
