@@ -135,13 +135,20 @@ class DataIndex:
     def first_without_text(self) -> tuple[int, Example, int] | None:
         """The first example this run reads that has no text, as (its position in the run, the example, how
         many such examples the run reads), or None."""
-        records = np.asarray(self.records)
-        picked = np.flatnonzero(np.isin(records, np.asarray(self.empty_records, dtype=np.int64)))
         inline = [i for i, ex in enumerate(self.inline) if no_text(ex)]
+        empty = np.asarray(self.empty_records, dtype=np.int64)  # ascending
+        if not len(empty):
+            picked = np.zeros(0, dtype=np.int64)
+        elif isinstance(self.records, range):  # no array of every record: positions from the range's bounds
+            r = self.records
+            hits = empty[(empty >= r.start) & (empty < r.stop) & ((empty - r.start) % r.step == 0)]
+            picked = (hits - r.start) // r.step
+        else:
+            picked = np.flatnonzero(np.isin(self.records, empty))
         count = len(picked) + len(inline)
         if not count:
             return None
-        pos = int(picked[0]) if len(picked) else len(records) + inline[0]
+        pos = int(picked[0]) if len(picked) else len(self.records) + inline[0]
         return pos, self.read([pos])[0], count
 
     def with_inline(self, examples: Iterable[Example]) -> DataIndex:

@@ -533,8 +533,13 @@ class LayerReducer:
                 both = full[..., :5] * inv[..., None]
             keys = both[..., :4]
             if sinks is not None:  # windows: a row's first token is its window's, what the model read as its start
+                start = sinks[:m, 0].to(dev)
+                on_start = self._on_window_start(c, start, inv)
                 keys = keys.clone()
-                keys[..., _K["first"]] = self._on_window_start(c, sinks[:m, 0].to(dev), inv)
+                keys[..., _K["first"]] = on_start
+                # counted as first, never twice (TokenMasks leaves position 0 out of sep for the same reason)
+                sep_start = sw.key_cols[start.clamp(0, n - 1), _K["sep"]] * (start > 0)
+                keys[..., _K["sep"]] -= on_start * sep_start
             acc.keys[b] += keys.sum(1)
             self._add_image(acc.image[b], c, right, r0, m, kw, inv)
             bi = wb if softmax is None else 0
@@ -567,7 +572,7 @@ class LayerReducer:
                 acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
             sp = None if spans is None else spans[:m].to(dev)
             sk = None if sinks is None else sinks[:m].to(dev)
-            self._streaming(acc, b, c, rows, n, mass, inv, sp, sk)
+            self._streaming(acc, b, c, r0, rows, n, mass, inv, sp, sk)
             self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
 
     @staticmethod
@@ -597,6 +602,7 @@ class LayerReducer:
         acc,
         b: int,
         c: torch.Tensor,
+        r0: int,
         rows: torch.Tensor,
         n: int,
         mass: torch.Tensor,
@@ -621,7 +627,7 @@ class LayerReducer:
         n_beyond = int(beyond.sum())
         if n_beyond == 0:
             return
-        near = self._band_mass(c, int(rows[0]))  # [head, rows]
+        near = self._band_mass(c, r0)  # [head, rows]
         kw = c.shape[-1]  # the block's keys (n, or fewer for a causal block: the rest weigh nothing)
         i = rows[:, None]
         if sinks is None:  # the input's first tokens
@@ -663,7 +669,7 @@ class LayerReducer:
                 c.storage_offset() + a * (c.stride(1) + 1) + r0 + lo,
             )
             out[:, a:b] = band.sum(-1)
-        edge = torch.cat([torch.arange(0, a), torch.arange(b, m)]).to(c.device)
+        edge = torch.cat([torch.arange(0, a, device=c.device), torch.arange(b, m, device=c.device)])
         if len(edge):
             cols = (edge + r0)[:, None] + torch.arange(lo, hi + 1, device=c.device)[None, :]  # [edge rows, band]
             inside = (cols >= 0) & (cols < kw)

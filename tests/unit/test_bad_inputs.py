@@ -386,3 +386,9 @@ def test_an_example_without_text_is_refused_at_preflight_where_it_has_no_tokens(
     assert not (tmp_path / "run").exists()
     assert main([job(tiny_gpt2_dir, limit=3), "--check"]) == 0  # r0..r2: all have text
     assert main([job(tiny_bert_dir), "--check"]) == 0  # [CLS] [SEP]: two tokens
+    from rapids_attn.data.index import select_positions
+
+    picked = [int(r) for r in select_positions(7, sample=4, seed=1)]  # a sampled selection: an array of records
+    empty = [r for r in picked if r in (3, 6)]
+    assert len(empty) == 1, picked  # the seed is chosen so that one of the two is drawn
+    _one_line_exit_2([job(tiny_gpt2_dir, sample=4, seed=1), "--check"], capsys, f"example 'r{empty[0]}' has no text")

@@ -490,3 +490,24 @@ def test_long_context_detectors_match_their_plain_definitions(causal):
             red.stats[0, 0], plain_stats(a, masks.sep[0], masks.punct[0], causal), rtol=1e-5, atol=1e-5
         )
     assert stream[0] > 0.9 > stream[2] and retr[1] > 0.5 > retr[2]
+
+
+def test_a_windows_first_token_counts_as_first_not_twice():
+    """Windows: a row's `first` is its weight on its window's first token; where that token is a separator (an
+    EOS inside the text), it is not counted as `sep` too, as position 0 never is."""
+    from rapids_attn.extract.maps import SINK_TOKENS, STAT_NAMES
+
+    n = 10
+    ids = torch.tensor([[1, 2, 3, 4, 5, 9, 6, 7, 8, 9]])  # 9: the separator, at 5 (a window's start) and at 9
+    masks = TokenMasks.from_ids(ids, torch.tensor([9]), torch.tensor([], dtype=torch.long))
+    red = LayerReducer([n], masks, [0], [0], 8, 0, True, "cpu")
+    a = torch.zeros(1, 1, 5, n)
+    a[0, 0, :4, 5] = 1.0  # rows 5..8 of a window that starts at 5: all on its first token
+    a[0, 0, 4, 5], a[0, 0, 4, 9] = 0.25, 0.75  # row 9: a quarter on it, the rest on the later separator
+    sinks = torch.tensor([[5, 6, 7, 8]]).expand(5, SINK_TOKENS)
+    spans = torch.tensor([[5, 10, 9]]).expand(5, 3)
+    red.add_rows(0, a, 5, selected=True, example=0, sinks=sinks, spans=spans, log_seen=torch.ones(5))
+    red.end_layer(0)
+    stats = red.stats[0, 0, 0]
+    assert stats[STAT_NAMES.index("first")].item() == pytest.approx(4.25 / n)
+    assert stats[STAT_NAMES.index("sep")].item() == pytest.approx(0.75 / n)
