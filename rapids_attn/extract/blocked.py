@@ -295,7 +295,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
 
 
 def _scratch(numel: int, device, pool: ScratchPool | None = None) -> torch.Tensor:
-    """A flat float32 buffer for a layer's blocks of scores, each block a view of it. With ``pool`` (the capture's,
+    """A flat float32 buffer for blocks of scores, each block a view of it. With ``pool`` (the capture's,
     one per forward) the buffer is the forward's: a fresh block would be fresh memory, and on the CPU a block past
     glibc's mmap threshold (32 MiB at most) is mapped anew each time, its first writes page faults (at 4k tokens
     the scores' product took 11.3 ms a block into fresh memory against 2.1 ms into a reused buffer; a buffer per
@@ -314,9 +314,8 @@ class ScratchPool:
         self._buf: torch.Tensor | None = None
 
     def get(self, numel: int, device) -> torch.Tensor:
-        buf = self._buf
-        if buf is None or buf.numel() < numel or buf.device != torch.device(device):
-            buf = self._buf = None  # the old one goes before the new one is allocated
+        if self._buf is None or self._buf.numel() < numel or self._buf.device != torch.device(device):
+            self._buf = None  # the old one goes before the new one is allocated
             self._buf = torch.empty(numel, dtype=torch.float32, device=device)
         return self._buf[:numel]
 

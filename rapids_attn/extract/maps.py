@@ -531,11 +531,12 @@ class LayerReducer:
                 row_entropy = (torch.log(z) + softmax.top[wb, :, :m].float() - dot)[None]
                 row_max = inv[None]
                 both = full[..., :5] * inv[..., None]
-            keys = both[..., :4]
-            if sinks is not None:  # windows: a row's first token is its window's, what the model read as its start
-                start = sinks[:m, 0].to(dev)
+            keys = both[..., :4]  # a fresh product's columns: changed in place below
+            sp = None if spans is None else spans[:m].to(dev)
+            sk = None if sinks is None else sinks[:m].to(dev)
+            if sk is not None:  # windows: a row's first token is its window's, what the model read as its start
+                start = sk[:, 0]
                 on_start = self._on_window_start(c, start, inv)
-                keys = keys.clone()
                 keys[..., _K["first"]] = on_start
                 # counted as first, never twice (TokenMasks leaves position 0 out of sep for the same reason)
                 sep_start = sw.key_cols[start.clamp(0, n - 1), _K["sep"]] * (start > 0)
@@ -570,8 +571,6 @@ class LayerReducer:
             else:
                 d = torch.bmm(c.transpose(0, 1), self._distance_rows(b, kw, r0, m, dev))[..., 0]  # [m, head]
                 acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
-            sp = None if spans is None else spans[:m].to(dev)
-            sk = None if sinks is None else sinks[:m].to(dev)
             self._streaming(acc, b, c, r0, rows, n, mass, inv, sp, sk)
             self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
 
