@@ -211,8 +211,12 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     idx = torch.tensor(heads, device=query.device)
     kv_heads = torch.div(idx, rep, rounding_mode="floor")
     scale = scaling if scaling is not None else 1.0 / math.sqrt(head_dim)
-    q = query.index_select(1, idx).float() * scale
-    k = key.index_select(1, kv_heads).float()  # [b, h, kv, d]
+    # every head, one key head each (no grouped-query attention): the model's keys and values as they are,
+    # where index_select would copy them (made contiguous once if they are a transposed view: every block's
+    # product would copy them again)
+    same = rep == 1 and heads == list(range(n_q_heads))
+    q = ((query if heads == list(range(n_q_heads)) else query.index_select(1, idx)).float() * scale).contiguous()
+    k = (key if same else key.index_select(1, kv_heads)).float().contiguous()  # [b, h, kv, d]
     # [b, h, d, kv] as a view: BLAS takes it as a transposed operand, about twice as fast on the CPU as a copy
     k_t = k.transpose(-1, -2)
     softcap = kwargs.get("softcap")
@@ -237,7 +241,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     # here, [b, h, kv, d_v + 1]: each head's values and a column of ones (the rows' sums of the numerators)
     fused = own and plain and sk is None and numerators
     if own:
-        v = value.index_select(1, kv_heads).float()
+        v = (value if same else value.index_select(1, kv_heads)).float().contiguous()
         v_one = None if fused else torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
         # rows past an example's length are not the reducer's: their output is 0 (no real token reads them)
         out = torch.zeros(query.shape[0], n_q_heads, q_len, v.shape[-1], dtype=torch.float32, device=query.device)
@@ -336,13 +340,13 @@ def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):
     """The fast path's mask of query rows r0.. of ``scores`` [batch, head, rows, kv] (a causal block's keys
     stop at its last row): a boolean 4-D mask, a 2-D padding mask, or None with ``causal`` and a sliding
     window. Fills hidden scores with MASKED; returns what :func:`_zero_hidden` needs after the exp: a boolean
-    tensor broadcasting against the block, ``("diag", first key, 1.0 where seen)`` when only the causal
-    triangle of the last keys is hidden, or None."""
+    tensor broadcasting against the block, ``("diag", first key, 1.0 where seen)`` when a float mask of the
+    keys from that one on says it (a 4-D mask's, or the causal triangle of the last keys), or None."""
     rows, kv, dev = scores.shape[2], scores.shape[3], scores.device
-    if mask is not None and mask.dim() == 4:
-        hide = ~mask[:, :, r0 : r0 + rows, :kv].to(dev)
-        scores.masked_fill_(hide, MASKED)
-        return hide
+    if mask is not None and mask.dim() == 4:  # added and multiplied as floats, as the causal triangle below
+        keep = mask[:, :, r0 : r0 + rows, :kv].to(device=dev, dtype=torch.float32)
+        scores.add_((keep - 1.0).mul_(-MASKED))
+        return ("diag", 0, keep)
     if causal and not window and mask is None:  # keys r0 + past .. kv - 1 hold the triangle: row r0 + a hides
         k0 = r0 + past  # the keys past its own, and nothing else is hidden
         # as floats (1 seen, 0 hidden), added and multiplied: a [rows, rows] boolean broadcast over the batch and

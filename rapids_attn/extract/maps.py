@@ -413,7 +413,7 @@ class LayerReducer:
         self._offsets = torch.tensor(PROFILE_OFFSETS, device=device)
         #: example -> its token groups (_Repeats), built once
         self._repeats: dict[int, _Repeats] = {}
-        #: (example, first row, rows) -> |i - j| of those rows (encoders' distance), while they fit in block_bytes
+        #: (keys, first row, rows) -> |i - j| and the recent band of those rows (encoders), while they fit in block_bytes
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
 
@@ -448,13 +448,17 @@ class LayerReducer:
             cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols, pos], dim=1))
         return cached
 
-    def _distance_rows(self, b: int, n: int, r0: int, m: int, device) -> torch.Tensor:
-        """[m, n, 1] |i - j| for rows r0 .. r0 + m - 1 (bidirectional maps; causal ones use a closed form)."""
-        key = (b, r0, m)
+    def _distance_rows(self, n: int, r0: int, m: int, device) -> torch.Tensor:
+        """[m, n, 2] for rows r0 .. r0 + m - 1 against keys 0 .. n - 1 (bidirectional maps; causal ones use a
+        closed form): |i - j|, and 1 where |i - j| < RECENT_WINDOW (the streaming detector's band), so one
+        batched product gives each row's mean distance and its band's mass. Cached while they fit in
+        block_bytes; the same for every example with these rows and keys."""
+        key = (n, r0, m)
         d = self._dist.get(key)
         if d is None:
             i = torch.arange(r0, r0 + m, device=device, dtype=torch.float32)[:, None]
-            d = (torch.arange(n, device=device, dtype=torch.float32)[None, :] - i).abs().unsqueeze(-1)
+            dist = (torch.arange(n, device=device, dtype=torch.float32)[None, :] - i).abs()
+            d = torch.stack([dist, (dist < RECENT_WINDOW).float()], dim=-1)
             if self._dist_bytes + d.numel() * 4 <= self.block_bytes:
                 self._dist[key] = d
                 self._dist_bytes += d.numel() * 4
@@ -566,12 +570,15 @@ class LayerReducer:
                 got = got * inv[..., None]
             acc.diagonal[b] += (got * valid).sum(1)
             mass = keys[..., _K["mass"]]  # [head, m]: each row's mass
+            band = None
             if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
                 acc.distance[b] += (rows.float() * mass - both[..., 4]).sum(-1)
-            else:
-                d = torch.bmm(c.transpose(0, 1), self._distance_rows(b, kw, r0, m, dev))[..., 0]  # [m, head]
+            else:  # [m, head, 2]: sum_j a_ij |i - j| and the mass on the recent band, one product
+                db = torch.bmm(c.transpose(0, 1), self._distance_rows(kw, r0, m, dev))
+                d = db[..., 0]
                 acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
-            self._streaming(acc, b, c, r0, rows, n, mass, inv, sp, sk)
+                band = db[..., 1].T
+            self._streaming(acc, b, c, r0, rows, n, mass, inv, sp, sk, band)
             self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
 
     @staticmethod
@@ -608,10 +615,11 @@ class LayerReducer:
         inv=None,
         spans=None,
         sinks=None,
+        band=None,
     ) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW
-        (:meth:`_band_mass`) and on the sink tokens outside it, over the rows that see beyond both (``spans``:
-        within their window's content, :meth:`add_rows`)."""
+        (``band`` [head, rows] where the caller has it, else :meth:`_band_mass`) and on the sink tokens outside
+        it, over the rows that see beyond both (``spans``: within their window's content, :meth:`add_rows`)."""
         w = RECENT_WINDOW
         if spans is not None:  # a content key past the window's sink tokens with |i - j| >= w, among those seen
             lo = spans[:, 2]
@@ -626,7 +634,7 @@ class LayerReducer:
         n_beyond = int(beyond.sum())
         if n_beyond == 0:
             return
-        near = self._band_mass(c, r0)  # [head, rows]
+        near = self._band_mass(c, r0) if band is None else band  # [head, rows]
         kw = c.shape[-1]  # the block's keys (n, or fewer for a causal block: the rest weigh nothing)
         i = rows[:, None]
         if sinks is None:  # the input's first tokens
@@ -735,6 +743,11 @@ class LayerReducer:
                 self.thumbs[b, pos] = area_resize(img, self.thumb_size).to(self.thumbs.device)
 
 
+#: the most bytes of pattern positions one example's _Repeats keeps for the next layers (a long input's blocks
+#: past it recompute theirs each layer, as a repetitive 32k-token document could list millions of pairs)
+PAIRS_CACHE_BYTES = 32 << 20
+
+
 class _Repeats:
     """One example's repeated tokens, for the duplicate-token, induction and retrieval detectors without an
     n x n pattern: positions sorted by token (stably, so a token's copies stay in order), each position's
@@ -753,38 +766,71 @@ class _Repeats:
         self.start = torch.empty(n, dtype=torch.long, device=ids.device)  # position -> its group's sorted start
         self.start[self.order] = group_start
         self.first = self.order[self.start]  # position -> the first position of its token
+        self._cache: dict[tuple[int, int], tuple | None] = {}  # (first row, rows) -> _pairs, for every layer
+        self._cache_bytes = 0
 
-    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None, spans=None) -> None:
+    def _pairs(self, r0: int, m: int, device, spans=None):
+        """The pattern positions of rows r0 .. r0 + m - 1, the same for every layer (cached, but for windows'
+        ``spans``): (``local`` [2P] block rows then ``keys`` [2P] keys of the duplicate-token pairs followed by
+        the induction pairs, ``far`` [F] the indices of the induction pairs at least RECENT_WINDOW back, ``has``
+        [m] rows with an earlier copy, ``far_rows`` [m] rows with a far target, and those two rows' counts);
+        None where no row has an earlier copy."""
+        key = (r0, m)
+        if spans is None and key in self._cache:
+            return self._cache[key]
         rank = self.rank[r0 : r0 + m]
         has = rank > 0  # rows with an earlier copy: a duplicate-token and an induction target
         if not bool(has.any()):
+            out = None
+        else:
+            rows = torch.arange(r0, r0 + m, device=device)
+            far_rows = has & (self.first[r0 : r0 + m] <= rows - RECENT_WINDOW - 1)
+            count = rank.clamp_min(0)
+            total = int(count.sum())
+            local = torch.repeat_interleave(torch.arange(m, device=device), count)  # the pair's row, block-local
+            skip = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
+            k = self.order[
+                torch.repeat_interleave(self.start[r0 : r0 + m], count) + torch.arange(total, device=device) - skip
+            ]
+            far = (local + r0) - (k + 1) >= RECENT_WINDOW  # the token after each earlier copy (k + 1 <= i)
+            if spans is not None:  # windows: a far target counts where the row's window holds it
+                far = far & (k + 1 >= spans[local, 0])
+                far_rows = torch.zeros_like(far_rows)
+                far_rows[local[far]] = True
+            out = (
+                torch.cat([local, local]),
+                torch.cat([k, k + 1]),
+                far.nonzero()[:, 0] + total,
+                has,
+                far_rows,
+                int(has.sum()),
+                int(far_rows.sum()),
+            )
+        size = 0 if out is None else 8 * (out[0].numel() + out[1].numel() + out[2].numel())
+        if spans is None and self._cache_bytes + size <= PAIRS_CACHE_BYTES:  # a long input's blocks: while they fit
+            self._cache[key] = out
+            self._cache_bytes += size
+        return out
+
+    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None, spans=None) -> None:
+        pairs = self._pairs(r0, m, c.device, spans)
+        if pairs is None:
             return
-        far_rows = has & (self.first[r0 : r0 + m] <= torch.arange(r0, r0 + m, device=c.device) - RECENT_WINDOW - 1)
-        count = rank.clamp_min(0)
-        total = int(count.sum())
-        local = torch.repeat_interleave(torch.arange(m, device=c.device), count)  # the pair's row, block-local
-        skip = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
-        k = self.order[
-            torch.repeat_interleave(self.start[r0 : r0 + m], count) + torch.arange(total, device=c.device) - skip
-        ]
-        dup = c[:, local, k]  # [head, pairs]: each row's weight on an earlier copy of its token
-        ind = c[:, local, k + 1]  # the token after each earlier copy (k + 1 <= i)
+        local, keys, far, has, far_rows, n_has, n_far = pairs
+        got = c[:, local, keys]  # [head, 2P]: each row's weight on an earlier copy of its token, then on the next
         if inv is not None:  # numerators: divide by their rows' sums
-            dup, ind = dup * inv[:, local], ind * inv[:, local]
-        acc.hits[b, :, 0] += dup.sum(-1)  # earlier copies
-        acc.hits[b, :, 1] += ind.sum(-1)
-        far = (local + r0) - (k + 1) >= RECENT_WINDOW
-        if spans is not None:  # windows: a far target counts where the row's window holds it
-            far = far & (k + 1 >= spans[local, 0])
-            far_rows = torch.zeros_like(far_rows)
-            far_rows[local[far]] = True
-        acc.hits[b, :, 2] += ind[:, far].sum(-1)
-        acc.pattern_mass[b, :, 0] += mass[:, has].sum(-1)
-        acc.pattern_mass[b, :, 1] += mass[:, has].sum(-1)
+            got = got * inv[:, local]
+        half = got.shape[1] // 2
+        acc.hits[b, :, 0] += got[:, :half].sum(-1)  # earlier copies
+        acc.hits[b, :, 1] += got[:, half:].sum(-1)
+        acc.hits[b, :, 2] += got[:, far].sum(-1)
+        has_mass = mass[:, has].sum(-1)
+        acc.pattern_mass[b, :, 0] += has_mass
+        acc.pattern_mass[b, :, 1] += has_mass
         acc.pattern_mass[b, :, 2] += mass[:, far_rows].sum(-1)
-        acc.rows[b, 0] += int(has.sum())
-        acc.rows[b, 1] += int(has.sum())
-        acc.rows[b, 2] += int(far_rows.sum())
+        acc.rows[b, 0] += n_has
+        acc.rows[b, 1] += n_has
+        acc.rows[b, 2] += n_far
 
 
 class _RowSums:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import rapids_attn.extract.blocked as blocked_mod
+from rapids_attn.extract import maps
 from rapids_attn.extract.blocked import block_rows, register
 from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import LayerReducer, TokenMasks
@@ -264,15 +265,23 @@ def test_blocked_on_an_additive_mask_equals_eager(kind):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_blocked_equals_eager_past_the_recent_window(kind):
+@pytest.mark.parametrize("pairs_cache", [None, 0], ids=["pairs-cached", "pairs-recomputed"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypatch):
     """Inputs longer than the sink and the recent window, so the streaming and retrieval detectors are
-    defined (the token ids repeat: far copies exist)."""
+    defined (the token ids repeat: far copies exist). An encoder's recent band comes from its distance
+    product, a decoder's from the block's strided view. Each block's pattern positions are kept for the next
+    layer, or, past the cache's budget (0 here), found again."""
+    if pairs_cache is not None:
+        monkeypatch.setattr(maps, "PAIRS_CACHE_BYTES", pairs_cache)
     eager, blocked, _, _ = _models(kind)
+    causal = kind != "bert"
     lengths = [150, 97]
     batch = _batch(lengths, seed=1)
-    ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], True, 1 << 26)
-    got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], True, 1 << 16)
+    ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], causal, 1 << 26)
+    got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], causal, 1 << 16)
+    kept = [sum(p is not None for p in r._cache.values()) for r in got._repeats.values()]
+    assert all(kept) if pairs_cache is None else not any(kept)
     assert torch.isfinite(ref.detectors).all()
     for name in ("images", "stats", "profile", "detectors"):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5)
