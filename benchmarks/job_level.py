@@ -54,10 +54,20 @@ def write_job(job: Path, data: Path, questions: int, seed: int, run_dir: Path, o
     return out
 
 
+def this_checkout_env() -> dict:
+    """The environment with this checkout first on PYTHONPATH: a job run from another folder imports this
+    tree's rapids_attn (and so do its workers), not whichever the environment installed (an editable install
+    points at one checkout; a benchmark run from a second worktree would time the first's code)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
 def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
-    """Wall seconds from launching ``cmd`` to its exit, and the finished process (stdout captured)."""
+    """Wall seconds from launching ``cmd`` to its exit, and the finished process (stdout captured), with this
+    checkout's rapids_attn (:func:`this_checkout_env`)."""
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=this_checkout_env())
     return time.perf_counter() - t0, p
 
 

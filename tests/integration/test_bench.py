@@ -6,6 +6,7 @@ not in tests)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO, SHARED_SQUAD
@@ -225,3 +226,17 @@ def test_long_context_benchmark_smoke():
     assert len(cells) == 11
     for c in cells[1:]:
         float(c)  # memory, seconds and the two ratios: every path ran
+
+
+def test_a_timed_job_imports_this_checkouts_package(tmp_path, monkeypatch):
+    """The job runs from its own folder: it must import this checkout's rapids_attn, not another that the
+    environment would find first (here a decoy on PYTHONPATH; in practice the editable install's checkout)."""
+    from benchmarks.job_level import timed
+
+    decoy = tmp_path / "decoy" / "rapids_attn"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(decoy.parent))
+    _, p = timed([sys.executable, "-c", "import rapids_attn; print(rapids_attn.__file__)"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert Path(p.stdout.strip()).resolve() == (REPO / "rapids_attn" / "__init__.py").resolve()
