@@ -691,56 +691,64 @@ class LayerReducer:
         return r
 
     def end_layer(self, layer: int) -> None:
-        """Finish a layer whose rows have all been added: means, detectors, the thumbnail."""
+        """Finish a layer whose rows have all been added: means, detectors, the thumbnail, for every example at
+        once (each divided by its own length; NaN where a statistic is undefined for it)."""
         pos = self.layer_pos.get(layer)
         acc = self._sums.pop(layer, None)
         if pos is None or acc is None:
             return
         offsets = PROFILE_OFFSETS
         zero = offsets.index(0)
-        for b, n in enumerate(self.lengths):
-            sw, _ = self._example(b, n, acc.image.device)
-            nan = torch.full_like(acc.entropy[b], float("nan"))
-            diag = acc.diagonal[b]  # [head, offsets]
-            self.stats[b, pos] = torch.stack(
-                [
-                    acc.entropy[b] / n,
-                    acc.entropy_norm[b] / (n - sw.first_valid) if sw.first_valid < n else nan,
-                    acc.keys[b, :, _K["first"]] / n,
-                    acc.keys[b, :, _K["sep"]] / n,
-                    acc.keys[b, :, _K["punct"]] / n,
-                    diag[:, zero] / n,
-                    diag[:, zero - 1] / (n - 1) if n > 1 else nan,
-                    diag[:, zero + 1] / (n - 1) if n > 1 else nan,
-                    acc.distance[b] / n,
-                    acc.row_max[b] / n,
-                ],
-                dim=-1,
-            ).to(self.stats.device)
-            self.profile[b, pos] = torch.stack(
-                [
-                    diag[:, k] / (n - abs(o)) if abs(o) < n else torch.zeros_like(diag[:, k])
-                    for k, o in enumerate(offsets)
-                ],
-                dim=-1,
-            ).to(self.profile.device)
-            total = acc.keys[b, :, _K["mass"]]
-            prev_hit = diag[:, zero - 1] if n > 1 else torch.zeros_like(total)
-            hits, rows = acc.hits[b], acc.rows[b]
-            det = [
+        dev = acc.image.device
+        lengths = torch.tensor(self.lengths, dtype=torch.float32, device=dev)
+        n = lengths[:, None]  # [batch, 1]: broadcast over heads
+        nan = torch.tensor(float("nan"), device=dev)
+        first_valid = torch.where(n > 1, 1.0 if self.causal else 0.0, n)  # SignatureWeights.first_valid
+        diag = acc.diagonal  # [batch, head, offsets]
+        keys = acc.keys
+
+        def per(x, d, defined):  # x / d where defined, else NaN
+            return torch.where(defined, x / torch.where(defined, d, 1.0), nan)
+
+        more = n > 1
+        self.stats[:, pos] = torch.stack(
+            [
+                acc.entropy / n,
+                per(acc.entropy_norm, n - first_valid, first_valid < n),
+                keys[..., _K["first"]] / n,
+                keys[..., _K["sep"]] / n,
+                keys[..., _K["punct"]] / n,
+                diag[..., zero] / n,
+                per(diag[..., zero - 1], n - 1, more),
+                per(diag[..., zero + 1], n - 1, more),
+                acc.distance / n,
+                acc.row_max / n,
+            ],
+            dim=-1,
+        ).to(self.stats.device)
+        o = torch.tensor([abs(x) for x in offsets], dtype=torch.float32, device=dev)  # [offsets]
+        seen = lengths[:, None, None] > o  # an offset the map has a diagonal at
+        self.profile[:, pos] = torch.where(seen, diag / torch.where(seen, lengths[:, None, None] - o, 1.0), 0.0).to(
+            self.profile.device
+        )
+        total = keys[..., _K["mass"]]
+        prev_hit = torch.where(more, diag[..., zero - 1], 0.0)
+        hits, rows, pm = acc.hits, acc.rows[:, None, :], acc.pattern_mass
+        self.detectors[:, pos] = torch.stack(
+            [
                 prev_hit / total,
-                hits[:, 0] / total,
-                hits[:, 1] / total,
-                hits[:, 0] / acc.pattern_mass[b, :, 0] if rows[0] > 0 else nan,
-                hits[:, 1] / acc.pattern_mass[b, :, 1] if rows[1] > 0 else nan,
-                acc.stream[b] / rows[3] if rows[3] > 0 else nan,
-                hits[:, 2] / acc.pattern_mass[b, :, 2] if rows[2] > 0 else nan,
-            ]
-            self.detectors[b, pos] = torch.stack(det, dim=-1).to(self.detectors.device)
-            img = acc.image[b]
-            self.images[b, pos] = img.to(self.images.device)
-            if self.thumbs is not None:
-                self.thumbs[b, pos] = area_resize(img, self.thumb_size).to(self.thumbs.device)
+                hits[..., 0] / total,
+                hits[..., 1] / total,
+                per(hits[..., 0], pm[..., 0], rows[..., 0] > 0),
+                per(hits[..., 1], pm[..., 1], rows[..., 1] > 0),
+                per(acc.stream, rows[..., 3].float(), rows[..., 3] > 0),
+                per(hits[..., 2], pm[..., 2], rows[..., 2] > 0),
+            ],
+            dim=-1,
+        ).to(self.detectors.device)
+        self.images[:, pos] = acc.image.to(self.images.device)
+        if self.thumbs is not None:
+            self.thumbs[:, pos] = area_resize(acc.image, self.thumb_size).to(self.thumbs.device)
 
 
 #: the most bytes of pattern positions one example's _Repeats keeps for the next layers (a long input's blocks

@@ -263,6 +263,37 @@ def test_layer_reducer_crops_selects_heads_and_skips_other_layers():
     assert red.images.shape == (2, 2, 2, 4, 4) and red.stats.shape == (2, 2, 2, len(STAT_NAMES))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_layer_reducer_divides_each_example_by_its_own_length_down_to_one_token(causal):
+    """The layer's means are finished for the whole batch at once: each example's by its own length, NaN
+    where a statistic is undefined for it (a one-token map's prev, next and normalised entropy; a
+    conditional detector without targets), whatever the other examples' lengths."""
+    from rapids_attn.extract.maps import offset_profile
+
+    lengths, t = [1, 2, 7, 5], 7
+    ids = torch.tensor([[4, 0, 0, 0, 0, 0, 0], [4, 4, 0, 0, 0, 0, 0], [4, 5, 3, 4, 5, 6, 4], [6, 3, 6, 3, 6, 0, 0]])
+    masks = TokenMasks.from_ids(ids, torch.tensor([3]), torch.tensor([6]))
+    g = torch.Generator().manual_seed(2)
+    scores = torch.randn(len(lengths), 2, t, t, generator=g)
+    hidden = torch.arange(t)[None, :] >= torch.tensor(lengths)[:, None]  # [batch, keys]: padding
+    scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    w = torch.softmax(scores, -1)
+    w[hidden[:, None, :, None].expand_as(w)] = 1e3  # the padding's rows: never read
+    red = LayerReducer(lengths, masks, [0], [0, 1], 4, 2, causal, "cpu")
+    red(0, w)
+    for b, n in enumerate(lengths):
+        crop = w[b, :, :n, :n]
+        ref = plain_stats(crop.contiguous(), masks.sep[b, :n], masks.punct[b, :n], causal)
+        torch.testing.assert_close(red.stats[b, 0], ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+        torch.testing.assert_close(red.profile[b, 0], offset_profile(crop), rtol=1e-5, atol=1e-6)
+        det = reference_detectors(crop, ids[b, :n])
+        torch.testing.assert_close(red.detectors[b, 0, :, :5], det, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch.isnan(red.stats[0, 0, :, [S["prev"], S["next"], S["entropy_norm"]]]).all()
+    assert torch.isfinite(red.stats[2]).all()
+
+
 def test_layer_reducer_without_thumbnails():
     masks = TokenMasks.from_ids(torch.tensor([[1, 2]]), torch.tensor([9]), torch.tensor([9]))
     red = LayerReducer([2], masks, [0], [0], image_size=4, thumb_size=0, causal=True, device="cpu")
