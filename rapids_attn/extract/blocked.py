@@ -339,9 +339,14 @@ def _visible_keys(mask, r0: int, r1: int, past: int, kv_len: int) -> int:
 def _mask_block(scores, mask, r0: int, past: int, causal: bool, window):
     """The fast path's mask of query rows r0.. of ``scores`` [batch, head, rows, kv] (a causal block's keys
     stop at its last row): a boolean 4-D mask, a 2-D padding mask, or None with ``causal`` and a sliding
-    window. Fills hidden scores with MASKED; returns what :func:`_zero_hidden` needs after the exp: a boolean
-    tensor broadcasting against the block, ``("diag", first key, 1.0 where seen)`` when a float mask of the
-    keys from that one on says it (a 4-D mask's, or the causal triangle of the last keys), or None."""
+    window. Hidden scores become MASKED (or, where the mask is applied as floats, the score plus MASKED);
+    returns what :func:`_zero_hidden` needs after the exp: a boolean tensor broadcasting against the block,
+    ``("diag", first key, 1.0 where seen)`` when a float mask of the keys from that one on says it (a 4-D
+    mask's, or the causal triangle of the last keys), or None.
+
+    Applied as floats, a hidden score that is not finite (an overflowed half-precision key, even a padding
+    token's) stays so and makes its block's rows NaN, where ``masked_fill_`` hid it. SDPA's own output is NaN
+    for those rows too (checked in float32 and float16), so the model's forward is already lost there."""
     rows, kv, dev = scores.shape[2], scores.shape[3], scores.device
     if mask is not None and mask.dim() == 4:  # added and multiplied as floats, as the causal triangle below
         keep = mask[:, :, r0 : r0 + rows, :kv].to(device=dev, dtype=torch.float32)

@@ -413,6 +413,8 @@ class LayerReducer:
         self._offsets = torch.tensor(PROFILE_OFFSETS, device=device)
         #: example -> its token groups (_Repeats), built once
         self._repeats: dict[int, _Repeats] = {}
+        #: bytes the examples' _Repeats may still keep of their blocks' pairs, shared by the batch
+        self._pairs_budget = [PAIRS_CACHE_BYTES]
         #: (keys, first row, rows) -> |i - j| and the recent band of those rows (encoders), while they fit in block_bytes
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
@@ -687,7 +689,7 @@ class LayerReducer:
     def _repeats_of(self, b: int, n: int, device) -> _Repeats:
         r = self._repeats.get(b)
         if r is None:
-            r = self._repeats[b] = _Repeats(self.masks.ids[b, :n].to(device))
+            r = self._repeats[b] = _Repeats(self.masks.ids[b, :n].to(device), self._pairs_budget)
         return r
 
     def end_layer(self, layer: int) -> None:
@@ -751,8 +753,8 @@ class LayerReducer:
             self.thumbs[:, pos] = area_resize(acc.image, self.thumb_size).to(self.thumbs.device)
 
 
-#: the most bytes of pattern positions one example's _Repeats keeps for the next layers (a long input's blocks
-#: past it recompute theirs each layer, as a repetitive 32k-token document could list millions of pairs)
+#: the most bytes of pattern positions a batch's _Repeats keep for the next layers, all examples together (a
+#: long input's blocks past it find theirs again each layer: a repetitive 32k-token document lists millions)
 PAIRS_CACHE_BYTES = 32 << 20
 
 
@@ -762,7 +764,9 @@ class _Repeats:
     rank among its token's copies and where its token's group starts. A block of query rows lists its pattern
     positions from these, O(its pairs): row i's earlier copies are its group's first rank(i) positions."""
 
-    def __init__(self, ids: torch.Tensor):
+    def __init__(self, ids: torch.Tensor, budget: list[int] | None = None):
+        """``budget``: a one-item list of the bytes this example may still keep of its blocks' pairs, shared
+        with the batch's other examples (the reducer's); its own PAIRS_CACHE_BYTES without one."""
         self.order = torch.argsort(ids, stable=True)  # sorted index -> position
         sorted_ids = ids[self.order]
         n = len(ids)
@@ -775,7 +779,7 @@ class _Repeats:
         self.start[self.order] = group_start
         self.first = self.order[self.start]  # position -> the first position of its token
         self._cache: dict[tuple[int, int], tuple | None] = {}  # (first row, rows) -> _pairs, for every layer
-        self._cache_bytes = 0
+        self._budget = [PAIRS_CACHE_BYTES] if budget is None else budget
 
     def _pairs(self, r0: int, m: int, device, spans=None):
         """The pattern positions of rows r0 .. r0 + m - 1, the same for every layer (cached, but for windows'
@@ -814,10 +818,10 @@ class _Repeats:
                 int(has.sum()),
                 int(far_rows.sum()),
             )
-        size = 0 if out is None else 8 * (out[0].numel() + out[1].numel() + out[2].numel())
-        if spans is None and self._cache_bytes + size <= PAIRS_CACHE_BYTES:  # a long input's blocks: while they fit
+        size = 0 if out is None else sum(t.numel() * t.element_size() for t in out[:5])
+        if spans is None and size <= self._budget[0]:  # a long input's blocks: while the batch's budget lasts
             self._cache[key] = out
-            self._cache_bytes += size
+            self._budget[0] -= size
         return out
 
     def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None, spans=None) -> None:

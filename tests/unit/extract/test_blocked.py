@@ -265,7 +265,7 @@ def test_blocked_on_an_additive_mask_equals_eager(kind):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.parametrize("pairs_cache", [None, 0], ids=["pairs-cached", "pairs-recomputed"])
+@pytest.mark.parametrize("pairs_cache", [None, 0, 4000], ids=["pairs-cached", "pairs-recomputed", "pairs-some"])
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
 def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypatch):
     """Inputs longer than the sink and the recent window, so the streaming and retrieval detectors are
@@ -281,7 +281,15 @@ def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypa
     ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], causal, 1 << 26)
     got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], causal, 1 << 16)
     kept = [sum(p is not None for p in r._cache.values()) for r in got._repeats.values()]
-    assert all(kept) if pairs_cache is None else not any(kept)
+    held = sum(
+        t.numel() * t.element_size() for r in got._repeats.values() for p in r._cache.values() if p for t in p[:5]
+    )
+    if pairs_cache is None:
+        assert all(kept)
+    elif pairs_cache == 0:
+        assert not any(kept)
+    else:  # the budget is the batch's, not each example's
+        assert any(kept) and 0 < held <= pairs_cache
     assert torch.isfinite(ref.detectors).all()
     for name in ("images", "stats", "profile", "detectors"):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5)
