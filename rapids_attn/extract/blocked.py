@@ -211,11 +211,12 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     idx = torch.tensor(heads, device=query.device)
     kv_heads = torch.div(idx, rep, rounding_mode="floor")
     scale = scaling if scaling is not None else 1.0 / math.sqrt(head_dim)
+    every = heads == list(range(n_q_heads))  # the capture reads every query head
     # every head, one key head each (no grouped-query attention): the model's keys and values as they are,
     # where index_select would copy them (made contiguous once if they are a transposed view: every block's
     # product would copy them again)
-    same = rep == 1 and heads == list(range(n_q_heads))
-    q = ((query if heads == list(range(n_q_heads)) else query.index_select(1, idx)).float() * scale).contiguous()
+    same = every and rep == 1
+    q = ((query if every else query.index_select(1, idx)).float() * scale).contiguous()
     k = (key if same else key.index_select(1, kv_heads)).float().contiguous()  # [b, h, kv, d]
     # [b, h, d, kv] as a view: BLAS takes it as a transposed operand, about twice as fast on the CPU as a copy
     k_t = k.transpose(-1, -2)
@@ -234,7 +235,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     numerators = bool(getattr(sink, "takes_numerators", False))  # LayerReducer: see SoftmaxRows
     own = (
         value is not None
-        and heads == list(range(n_q_heads))
+        and every
         and not (module.training and getattr(module, "attention_dropout", getattr(module, "dropout", 0.0)))
     )
     # the numerators' path: the reducer's product gives the output beside the rest; otherwise one more product

@@ -764,9 +764,9 @@ class _Repeats:
     rank among its token's copies and where its token's group starts. A block of query rows lists its pattern
     positions from these, O(its pairs): row i's earlier copies are its group's first rank(i) positions."""
 
-    def __init__(self, ids: torch.Tensor, budget: list[int] | None = None):
+    def __init__(self, ids: torch.Tensor, budget: list[int]):
         """``budget``: a one-item list of the bytes this example may still keep of its blocks' pairs, shared
-        with the batch's other examples (the reducer's); its own PAIRS_CACHE_BYTES without one."""
+        with the batch's other examples (the reducer's)."""
         self.order = torch.argsort(ids, stable=True)  # sorted index -> position
         sorted_ids = ids[self.order]
         n = len(ids)
@@ -779,7 +779,7 @@ class _Repeats:
         self.start[self.order] = group_start
         self.first = self.order[self.start]  # position -> the first position of its token
         self._cache: dict[tuple[int, int], tuple | None] = {}  # (first row, rows) -> _pairs, for every layer
-        self._budget = [PAIRS_CACHE_BYTES] if budget is None else budget
+        self._budget = budget
 
     def _pairs(self, r0: int, m: int, device, spans=None):
         """The pattern positions of rows r0 .. r0 + m - 1, the same for every layer (cached, but for windows'
