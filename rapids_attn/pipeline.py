@@ -147,8 +147,8 @@ class RunPlan:
 
 def _check_texts(cfg: JobConfig, data) -> None:
     """An example with no text, where the tokenizer adds no special tokens (GPT-2's), is no tokens and has no
-    attention to capture: refused here, before any worker starts, naming it. (Parquet's index pass reads ids
-    only; there the worker refuses it, :func:`rapids_attn.extract.shard.check_tokens`.)"""
+    attention to capture: refused here, before any worker starts, naming it (every format's index records
+    them; a worker's :func:`rapids_attn.extract.shard.check_tokens` is the last guard)."""
     hit = data.first_without_text()
     if hit is None:
         return

@@ -126,7 +126,7 @@ class DataIndex:
     fingerprint: str = ""
     #: what the user should know about the selection (one line each; the pipeline prints them)
     warnings: tuple[str, ...] = ()
-    #: the file's records with no text (:func:`no_text`), ascending; Parquet's pass reads ids only: none there
+    #: the file's records with no text (:func:`no_text`), ascending (Parquet's from ParquetSource.empty_rows)
     empty_records: tuple[int, ...] = ()
 
     def __len__(self) -> int:

@@ -136,6 +136,8 @@ def build_index(
     n, checkpoints, hashes = (
         (0, None, None) if source is None else scan(source, path, checkpoint_every, collect, no_text)
     )
+    if hasattr(source, "empty_rows"):  # Parquet's pass reads ids only: its empty texts from their columns
+        no_text.extend(source.empty_rows())
     _empty(n, path)
     digest = _fingerprint(path, stamped)
     index = DataIndex(

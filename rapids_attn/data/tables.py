@@ -5,9 +5,9 @@ values, and counts the rows; a worker opens the file itself and reads only its r
 row groups that hold them, only the named columns, batch by batch; HF: ``Dataset.select`` on the
 memory-mapped dataset).
 
-Parquet: the driver reads the metadata (row counts, schema, null counts) and streams only the id
-column (when ``data.id_field`` is set) and, where the metadata cannot rule out a null, a text
-column; it never holds more than one batch. Rows are numbered from 0 in messages, as for HF.
+Parquet: the driver reads the metadata (row counts, schema, null counts, string minimums) and streams only
+the id column (when ``data.id_field`` is set) and, where the metadata cannot rule out a null or an empty
+string, the text columns; it never holds more than one batch. Rows are numbered from 0 in messages, as for HF.
 """
 
 from __future__ import annotations
@@ -142,6 +142,55 @@ class ParquetSource(FieldsSource):
                 if k == len(mine):
                     break
         return out
+
+
+    def empty_rows(self) -> list[int]:
+        """The rows with no text (:func:`rapids_attn.data.index.no_text`: the text, and the pair if there is one,
+        both empty strings), ascending. Read only from the row groups whose statistics leave room for one (a
+        string column's minimum is "" exactly when it holds an empty string), so a file without empty texts
+        whose writer kept statistics costs its metadata alone; a column of numbers is never empty (its values
+        become text)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        pf = _parquet_file(self.path)
+        md, schema = pf.metadata, pf.schema_arrow
+        fields = [f for f in (self.spec.text, self.spec.pair) if f is not None]
+        for f in fields:
+            t = schema.field(f).type
+            t = t.value_type if pa.types.is_dictionary(t) else t
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+                return []
+        leaves = {md.schema.column(i).path: i for i in range(md.num_columns)}
+        out: list[int] = []
+        start = 0
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            if all(_may_hold_empty(group, leaves.get(f)) for f in fields):
+                row = start
+                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=fields):
+                    hit = None
+                    for values in batch.columns:
+                        if pa.types.is_dictionary(values.type):
+                            values = values.dictionary_decode()
+                        empty = pc.fill_null(pc.equal(pc.utf8_length(values), 0), False)
+                        hit = empty if hit is None else pc.and_(hit, empty)
+                    out.extend((row + np.flatnonzero(hit.to_numpy(zero_copy_only=False))).tolist())
+                    row += batch.num_rows
+            start += group.num_rows
+        return out
+
+
+def _may_hold_empty(row_group, column: int | None) -> bool:
+    """False when the row group's statistics say the string column holds no empty string (its minimum is not
+    ""); True when they do not say."""
+    if column is None:
+        return True
+    stats = row_group.column(column).statistics
+    if stats is None or not stats.has_min_max:
+        return True
+    return stats.min in ("", b"")
 
 
 def _no_nulls(row_group, column: int) -> bool:

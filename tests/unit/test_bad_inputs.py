@@ -359,26 +359,34 @@ def test_data_the_tokenizer_cannot_read_is_one_line_exit_2(tmp_path, capsys, tin
     assert not (tmp_path / "run").exists()
 
 
-def _texts_with_an_empty_one(tmp_path: Path) -> Path:
-    p = tmp_path / "texts.jsonl"
+def _texts_with_an_empty_one(tmp_path: Path, fmt: str = "jsonl") -> Path:
     rows = [{"id": f"r{i}", "text": "" if i == 3 else f"the cat sat on mat number {i}"} for i in range(6)]
     rows.append({"id": "r6", "text": ""})
-    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = tmp_path / f"texts.{fmt}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), p, row_group_size=2)
+    else:
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_an_example_without_text_is_refused_at_preflight_where_it_has_no_tokens(
-    tmp_path, capsys, monkeypatch, tiny_gpt2_dir, tiny_bert_dir
+    tmp_path, capsys, monkeypatch, tiny_gpt2_dir, tiny_bert_dir, fmt
 ):
     """GPT-2's tokenizer adds no special tokens: an empty text is no tokens. Preflight names the first such
     example the run reads (and counts the rest) before any worker starts; a tokenizer that adds [CLS] and
-    [SEP] gives the same example a map, and a selection that leaves it out runs."""
+    [SEP] gives the same example a map, and a selection that leaves it out runs. Parquet's index pass reads
+    ids only; its empty texts are found from the text column, before any worker starts too."""
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
-    data = _texts_with_an_empty_one(tmp_path)
+    data = _texts_with_an_empty_one(tmp_path, fmt)
 
     def job(model, **data_fields):
         j = make_job(tmp_path, model, data)
-        j["data"] = {"path": str(data), "format": "jsonl", "id_field": "id", **data_fields}
+        j["data"] = {"path": str(data), "format": fmt, "id_field": "id", **data_fields}
         return str(_job_file(tmp_path, j))
 
     err = _one_line_exit_2([job(tiny_gpt2_dir), "--check"], capsys, "example 'r3' (and 1 more) has no text")

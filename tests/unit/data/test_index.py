@@ -375,6 +375,56 @@ def test_parquet_empty_id_names_file_row_and_field(tmp_path, bad):
         build_index(path, id_field="k")
 
 
+@pytest.mark.parametrize("writer", ["stats", "no-stats", "dictionary", "large-string"])
+def test_parquet_index_records_its_empty_texts_as_a_line_file_does(tmp_path, writer, monkeypatch):
+    """Parquet's pass reads ids only, so its examples with no text come from the text columns: the same
+    records as the JSONL file of the same rows (an empty text with a non-empty pair is not empty), reading
+    only the row groups whose statistics leave room for an empty string."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import rapids_attn.data.tables as tables
+
+    rows = [{"id": f"r{i}", "text": f"t{i}", "ctx": f"c{i}"} for i in range(20)]
+    for i in (2, 9, 10, 17):
+        rows[i]["text"] = ""
+    for i in (9, 17):
+        rows[i]["ctx"] = ""  # 2 and 10: an empty question with a context is text
+    table = pa.Table.from_pylist(rows)
+    if writer == "large-string":
+        table = table.cast(pa.schema([(f, pa.large_string()) for f in table.column_names]))
+    path = tmp_path / "d.parquet"
+    pq.write_table(
+        table, path, row_group_size=4, write_statistics=writer != "no-stats", use_dictionary=writer == "dictionary"
+    )
+    read_groups = []
+    real = tables._parquet_file
+
+    def recording(p):
+        pf = real(p)
+        iter_batches = pf.iter_batches
+
+        def iterate(*args, row_groups=None, **kwargs):
+            read_groups.extend(row_groups or [])
+            return iter_batches(*args, row_groups=row_groups, **kwargs)
+
+        pf.iter_batches = iterate
+        return pf
+
+    monkeypatch.setattr(tables, "_parquet_file", recording)
+    # groups of 4 rows: empty texts in groups 0, 2 and 4, empty pairs in groups 2 and 4 only; with statistics,
+    # only the groups where every column may hold an empty string are read
+    for fields, want, groups in ((["text"], [2, 9, 10, 17], [0, 2, 4]), (["text", "ctx"], [9, 17], [2, 4])):
+        jsonl = write_jsonl(tmp_path / "d.jsonl", rows)
+        assert build_index(jsonl, text_fields=fields, id_field="id").empty_records == tuple(want)
+        read_groups.clear()
+        assert build_index(path, text_fields=fields, id_field="id").empty_records == tuple(want)
+        assert sorted(set(read_groups)) == ([0, 1, 2, 3, 4] if writer == "no-stats" else groups)
+    index = build_index(path, text_fields=["text", "ctx"], id_field="id")
+    pos, ex, count = index.first_without_text()
+    assert (pos, ex.id, count) == (9, "r9", 2)
+
+
 def test_parquet_null_text_names_file_row_and_field(tmp_path):
     rows = [{"text": f"t{i}", "ctx": f"c{i}"} for i in range(20)]
     rows[17]["ctx"] = None
