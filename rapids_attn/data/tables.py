@@ -143,7 +143,6 @@ class ParquetSource(FieldsSource):
                     break
         return out
 
-
     def empty_rows(self) -> list[int]:
         """The rows with no text (:func:`rapids_attn.data.index.no_text`: the text, and the pair if there is one,
         both empty strings), ascending. Read only from the row groups whose statistics leave room for one (a

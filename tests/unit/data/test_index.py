@@ -383,7 +383,7 @@ def test_parquet_index_records_its_empty_texts_as_a_line_file_does(tmp_path, wri
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import rapids_attn.data.tables as tables
+    from rapids_attn.data import tables
 
     rows = [{"id": f"r{i}", "text": f"t{i}", "ctx": f"c{i}"} for i in range(20)]
     for i in (2, 9, 10, 17):
