@@ -99,6 +99,35 @@ def blocked_supported(config) -> bool:
     return bool(getattr(cls, "_supports_attention_backend", False))
 
 
+def model_class(config, name: str):
+    """The class the workers load the weights with: AutoModel, except for an encoder-decoder model, whose
+    AutoModel class needs decoder inputs in every forward. There the encoder alone is read, with the family's
+    encoder-only class where transformers has one (T5, mT5, UMT5: ``T5EncoderModel`` ..., from a whole checkpoint or
+    an encoder's own folder, whose config still names the encoder-decoder model type); any other is refused."""
+    import inspect
+
+    import transformers
+    from transformers import AutoModel
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        cls = MODEL_MAPPING[type(config)]
+    except (KeyError, ValueError):
+        return AutoModel  # remote code and the like: AutoModel resolves it
+    if "decoder_input_ids" not in inspect.signature(cls.forward).parameters:
+        return AutoModel
+    named = [a for a in (getattr(config, "architectures", None) or []) if a.endswith("EncoderModel")]
+    for candidate in [*named, cls.__name__.removesuffix("Model") + "EncoderModel"]:
+        enc = getattr(transformers, candidate, None)
+        if enc is not None:
+            return enc
+    raise ModelError(
+        f"model.name: '{name}' ({config.model_type}) is an encoder-decoder model and transformers has no class "
+        "for its encoder alone; rapids_attn reads the self-attention of encoder-only and decoder-only models "
+        "(and of T5-family encoders); choose one of those"
+    )
+
+
 def resolve_base(base: str, config) -> str:
     """``extract.attention_base`` for this model: ``sdpa`` becomes ``capture`` (the output from the capture's own
     softmax) where the model's class declares no SDPA support, as gpt-oss, whose attention sinks transformers'
@@ -180,6 +209,7 @@ def describe_model(cfg, check_files: bool = True, sample: str | None = None, att
             f"model.name: '{cfg.name}' ({config.model_type}) is not a transformer with self-attention layers "
             "(its config has no num_hidden_layers / num_attention_heads)"
         )
+    model_class(config, cfg.name)  # an encoder-decoder model without an encoder-only class: refused here
     model_limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if cfg.max_length and model_limit and cfg.max_length > model_limit:
         raise ModelError(
@@ -257,7 +287,6 @@ def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str
     supports it, the blocked capture over the ``base`` implementation (rapids_attn.extract.blocked)."""
     import torch
     from safetensors import SafetensorError
-    from transformers import AutoModel
 
     from rapids_attn.extract.blocked import register
 
@@ -265,7 +294,7 @@ def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str
     mode = resolve_attention(attention, config, cfg.name)
     want = register(resolve_base(base, config)) if mode == "blocked" else "eager"
     try:
-        model = AutoModel.from_pretrained(
+        model = model_class(config, cfg.name).from_pretrained(
             source,
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,

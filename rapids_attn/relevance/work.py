@@ -94,7 +94,7 @@ class RelevanceWorker:
         import transformers
 
         from rapids_attn.extract.maps import punctuation_ids
-        from rapids_attn.extract.model import load_tokenizer, resolve_model_name
+        from rapids_attn.extract.model import load_tokenizer, model_class, resolve_model_name
         from rapids_attn.heads.kinds import head_kind
 
         self.device = task.device.on_this_worker().device
@@ -103,7 +103,11 @@ class RelevanceWorker:
         opts = {"revision": task.model.revision, "trust_remote_code": task.model.trust_remote_code}
         config = transformers.AutoConfig.from_pretrained(str(source), **opts)
         self.kind = head_kind(config)[0]
-        auto = getattr(transformers, _AUTO.get(self.kind, "AutoModel"))
+        auto = model_class(config, task.model.name)
+        if auto is transformers.AutoModel:
+            auto = getattr(transformers, _AUTO.get(self.kind, "AutoModel"))
+        else:  # an encoder-decoder model: its encoder alone, as the extract stage reads it (any head is the decoder's)
+            self.kind = "encoder"
         self.model = auto.from_pretrained(str(source), attn_implementation="eager", dtype=torch.float32, **opts)
         self.model.eval().to(self.device)
         self.punct_ids = punctuation_ids(self.tokenizer).to(self.device)

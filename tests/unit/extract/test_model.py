@@ -7,8 +7,10 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import zarr
 
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.model import describe_model, load_model, load_tokenizer, resolve_model_name
@@ -176,3 +178,85 @@ def test_a_window_overlap_that_leaves_no_stride_is_refused_at_preflight():
     assert ok.max_length == 64  # 62 content tokens beside [CLS] and [SEP]
     with pytest.raises(ModelError, match=r"model.window_overlap: 62 must be less than the 62 content tokens"):
         describe_model(ModelConfig(name="minilm-l6", max_length=64, long_inputs="windows", window_overlap=62))
+
+
+def _save_encoder_decoder(out: Path, kind: str) -> Path:
+    """A tiny T5 (whole: T5Model; or its encoder alone: T5EncoderModel) or BART, with the tests' BPE tokenizer."""
+    from helpers import bpe_tokenizer
+    from transformers import BartConfig, BartModel, T5Config, T5EncoderModel, T5Model
+
+    tok = bpe_tokenizer()
+    torch.manual_seed(0)
+    if kind == "bart":
+        cfg = BartConfig(
+            vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+        )  # fmt: skip
+        BartModel(cfg).save_pretrained(out)
+    else:
+        cfg = T5Config(
+            vocab_size=len(tok), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        (T5Model if kind == "t5" else T5EncoderModel)(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["t5", "t5-encoder"])
+def test_a_t5_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
+    """AutoModel gives T5's encoder-decoder class for both folders (an encoder's own config still says t5), and
+    its forward wants decoder inputs: the workers load T5EncoderModel instead, the extract and relevance stages
+    read its self-attention, and the maps are that encoder's own."""
+    from helpers import CORPUS, make_job, write_jsonl
+    from transformers import T5EncoderModel
+
+    from rapids_attn.extract.capture import AttentionCapture
+    from rapids_attn.job import load_job
+    from rapids_attn.pipeline import run_job
+
+    folder = _save_encoder_decoder(tmp_path / kind, kind)
+    model = load_model(ModelConfig(name=str(folder)), "cpu", "float32")
+    assert type(model) is T5EncoderModel
+    assert describe_model(ModelConfig(name=str(folder)), check_files=False).n_layers == 2
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    got = {}
+    AttentionCapture(model, 2).run({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, got.__setitem__)
+    assert sorted(got) == [0, 1]
+    torch.testing.assert_close(got[1].sum(-1), torch.ones(1, 2, 5))
+    assert float(torch.triu(got[1], diagonal=1).sum()) > 0  # the encoder reads both ways
+
+    rows = [{"id": f"d{i}", "text": CORPUS[i % 5]} for i in range(6)]
+    data = write_jsonl(tmp_path / "docs.jsonl", rows)
+    job = make_job(tmp_path, folder, data, relevance={"enabled": True, "atlas": False})
+    job["data"] = {"path": str(data), "format": "jsonl", "text_fields": ["text"], "id_field": "id"}
+    cfg = load_job(None, raw=job)
+    summary = run_job(cfg)
+    assert summary["counts"]["maps"] == 6 * 2 * 2 and summary["model"]["attention"] == "eager"
+    assert summary["relevance"]["examples"] == 6 and summary["relevance"]["query"] == "first"  # not causal
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    assert [r["causal"] for r in g.attrs["extract_runs"]] == [False]
+    # the first example's maps are the encoder's: its stats are those of that encoder's eager attention here
+    from rapids_attn.api import analyse_maps
+    from rapids_attn.extract.maps import punctuation_ids, separator_ids
+
+    tok = load_tokenizer(cfg.model)
+    enc = tok(CORPUS[0], return_tensors="pt")
+    assert int(g["seq_len"][0]) == enc["input_ids"].shape[1]
+    with torch.no_grad():
+        att = T5EncoderModel.from_pretrained(folder, attn_implementation="eager")(**enc, output_attentions=True)
+    ids = enc["input_ids"]
+    out = analyse_maps(
+        torch.stack(att.attentions, dim=1),
+        sep=torch.isin(ids, separator_ids(tok)),
+        punct=torch.isin(ids, punctuation_ids(tok)),
+        token_ids=ids,
+        image_size=g.attrs["layout"]["image_size"],
+    )
+    np.testing.assert_allclose(out.stats[0], g["stats"][0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_encoder_decoder_model_without_an_encoder_class_is_refused_at_preflight(tmp_path):
+    folder = _save_encoder_decoder(tmp_path / "bart", "bart")
+    with pytest.raises(ModelError, match=r"model\.name: .*\(bart\) is an encoder-decoder model"):
+        describe_model(ModelConfig(name=str(folder)), check_files=False)
