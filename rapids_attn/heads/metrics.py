@@ -96,6 +96,11 @@ class TaskMetric:
         import transformers
 
         auto = getattr(transformers, self.auto_class)
+        if auto is transformers.AutoModel:  # an encoder-decoder model: its encoder alone, as extract reads it
+            from rapids_attn.extract.model import model_class
+
+            opts = {k: kwargs[k] for k in ("revision", "trust_remote_code") if k in kwargs}
+            auto = model_class(transformers.AutoConfig.from_pretrained(str(name_or_path), **opts), str(name_or_path))
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         try:
             model = auto.from_pretrained(str(name_or_path), dtype=dtype, **kwargs)

@@ -206,18 +206,20 @@ def _save_encoder_decoder(out: Path, kind: str) -> Path:
 @pytest.mark.parametrize("kind", ["t5", "t5-encoder"])
 def test_a_t5_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
     """AutoModel gives T5's encoder-decoder class for both folders (an encoder's own config still says t5), and
-    its forward wants decoder inputs: the workers load T5EncoderModel instead, the extract and relevance stages
-    read its self-attention, and the maps are that encoder's own."""
+    its forward wants decoder inputs: the workers load T5EncoderModel instead, the extract, relevance and heads
+    stages read its self-attention, and the maps are that encoder's own."""
     from helpers import CORPUS, make_job, write_jsonl
     from transformers import T5EncoderModel
 
     from rapids_attn.extract.capture import AttentionCapture
+    from rapids_attn.heads.metrics import metric_for
     from rapids_attn.job import load_job
     from rapids_attn.pipeline import run_job
 
     folder = _save_encoder_decoder(tmp_path / kind, kind)
     model = load_model(ModelConfig(name=str(folder)), "cpu", "float32")
     assert type(model) is T5EncoderModel
+    assert type(metric_for("retrieval").load_model(folder)) is T5EncoderModel  # the heads stage's loader
     assert describe_model(ModelConfig(name=str(folder)), check_files=False).n_layers == 2
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     got = {}
