@@ -100,10 +100,12 @@ def blocked_supported(config) -> bool:
 
 
 def model_class(config, name: str):
-    """The class the workers load the weights with: AutoModel, except for an encoder-decoder model, whose
-    AutoModel class needs decoder inputs in every forward. There the encoder alone is read, with the family's
-    encoder-only class where transformers has one (T5, mT5, UMT5: ``T5EncoderModel`` ..., from a whole checkpoint or
-    an encoder's own folder, whose config still names the encoder-decoder model type); any other is refused."""
+    """What the workers load the weights with (its ``from_pretrained``): AutoModel, except for an encoder-decoder
+    model, whose AutoModel class needs decoder inputs in every forward. There the encoder alone is read: with the
+    family's encoder-only class where transformers has one (T5, mT5, UMT5: ``T5EncoderModel`` ..., from a whole
+    checkpoint or an encoder's own folder, whose config still names the encoder-decoder model type), else the
+    encoder of the whole model (:class:`_EncoderOf`: BART, mBART, Marian, Pegasus ...). Refused, naming the
+    model: a model whose forward reads no token ids (vision, speech: its inputs are not text)."""
     import inspect
 
     import transformers
@@ -114,18 +116,33 @@ def model_class(config, name: str):
         cls = MODEL_MAPPING[type(config)]
     except (KeyError, ValueError):
         return AutoModel  # remote code and the like: AutoModel resolves it
-    if "decoder_input_ids" not in inspect.signature(cls.forward).parameters:
+    params = inspect.signature(cls.forward).parameters
+    if "input_ids" not in params:
+        inputs = ", ".join(p for p in params if p.endswith(("_values", "_features", "_embeds")) or p == "pixel_values")
+        raise ModelError(
+            f"model.name: '{name}' ({config.model_type}) does not read token ids"
+            + (f" (its inputs are {inputs})" if inputs else "")
+            + "; rapids_attn reads text models' attention: choose a model with a tokenizer"
+        )
+    if "decoder_input_ids" not in params:
         return AutoModel
     named = [a for a in (getattr(config, "architectures", None) or []) if a.endswith("EncoderModel")]
     for candidate in [*named, cls.__name__.removesuffix("Model") + "EncoderModel"]:
         enc = getattr(transformers, candidate, None)
         if enc is not None:
             return enc
-    raise ModelError(
-        f"model.name: '{name}' ({config.model_type}) is an encoder-decoder model and transformers has no class "
-        "for its encoder alone; rapids_attn reads the self-attention of encoder-only and decoder-only models "
-        "(and of T5-family encoders); choose one of those"
-    )
+    return _EncoderOf(AutoModel)
+
+
+class _EncoderOf:
+    """``from_pretrained`` that loads an encoder-decoder model and keeps its encoder (``get_encoder()``): its
+    self-attention is what the stages read; the decoder's weights are freed with the whole model."""
+
+    def __init__(self, cls) -> None:
+        self.cls = cls
+
+    def from_pretrained(self, *args, **kwargs):
+        return self.cls.from_pretrained(*args, **kwargs).get_encoder()
 
 
 def resolve_base(base: str, config) -> str:
@@ -209,7 +226,7 @@ def describe_model(cfg, check_files: bool = True, sample: str | None = None, att
             f"model.name: '{cfg.name}' ({config.model_type}) is not a transformer with self-attention layers "
             "(its config has no num_hidden_layers / num_attention_heads)"
         )
-    model_class(config, cfg.name)  # an encoder-decoder model without an encoder-only class: refused here
+    model_class(config, cfg.name)  # a model that reads no token ids: refused here
     model_limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if cfg.max_length and model_limit and cfg.max_length > model_limit:
         raise ModelError(

@@ -203,13 +203,14 @@ def _save_encoder_decoder(out: Path, kind: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("kind", ["t5", "t5-encoder"])
-def test_a_t5_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
-    """AutoModel gives T5's encoder-decoder class for both folders (an encoder's own config still says t5), and
-    its forward wants decoder inputs: the workers load T5EncoderModel instead, the extract, relevance and heads
-    stages read its self-attention, and the maps are that encoder's own."""
+@pytest.mark.parametrize("kind", ["t5", "t5-encoder", "bart"])
+def test_an_encoder_decoder_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
+    """AutoModel gives an encoder-decoder class (for T5 also from an encoder's own folder, whose config still says
+    t5), and its forward wants decoder inputs: the workers load the encoder instead (T5EncoderModel; BART's from
+    the whole model), the extract, relevance and heads stages read its self-attention, and the maps are that
+    encoder's own."""
     from helpers import CORPUS, make_job, write_jsonl
-    from transformers import T5EncoderModel
+    from transformers import AutoModel, T5EncoderModel
 
     from rapids_attn.extract.capture import AttentionCapture
     from rapids_attn.heads.metrics import metric_for
@@ -217,9 +218,10 @@ def test_a_t5_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
     from rapids_attn.pipeline import run_job
 
     folder = _save_encoder_decoder(tmp_path / kind, kind)
+    want = "BartEncoder" if kind == "bart" else "T5EncoderModel"
     model = load_model(ModelConfig(name=str(folder)), "cpu", "float32")
-    assert type(model) is T5EncoderModel
-    assert type(metric_for("retrieval").load_model(folder)) is T5EncoderModel  # the heads stage's loader
+    assert type(model).__name__ == want
+    assert type(metric_for("retrieval").load_model(folder)).__name__ == want  # the heads stage's loader
     assert describe_model(ModelConfig(name=str(folder)), check_files=False).n_layers == 2
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     got = {}
@@ -246,7 +248,12 @@ def test_a_t5_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
     enc = tok(CORPUS[0], return_tensors="pt")
     assert int(g["seq_len"][0]) == enc["input_ids"].shape[1]
     with torch.no_grad():
-        att = T5EncoderModel.from_pretrained(folder, attn_implementation="eager")(**enc, output_attentions=True)
+        if kind == "bart":  # the whole model, decoder inputs given: its encoder's attention
+            whole = AutoModel.from_pretrained(folder, attn_implementation="eager")
+            att = whole(**enc, decoder_input_ids=enc["input_ids"], output_attentions=True)
+            att.attentions = att.encoder_attentions
+        else:
+            att = T5EncoderModel.from_pretrained(folder, attn_implementation="eager")(**enc, output_attentions=True)
     ids = enc["input_ids"]
     out = analyse_maps(
         torch.stack(att.attentions, dim=1),
@@ -258,7 +265,13 @@ def test_a_t5_model_is_read_by_its_encoder_in_every_stage(tmp_path, kind):
     np.testing.assert_allclose(out.stats[0], g["stats"][0], rtol=1e-5, atol=1e-6)
 
 
-def test_an_encoder_decoder_model_without_an_encoder_class_is_refused_at_preflight(tmp_path):
-    folder = _save_encoder_decoder(tmp_path / "bart", "bart")
-    with pytest.raises(ModelError, match=r"model\.name: .*\(bart\) is an encoder-decoder model"):
-        describe_model(ModelConfig(name=str(folder)), check_files=False)
+def test_a_model_that_reads_no_token_ids_is_refused_at_preflight(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    ViTModel(
+        ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+    ).save_pretrained(tmp_path / "vit")
+    with pytest.raises(
+        ModelError, match=r"model\.name: .*\(vit\) does not read token ids \(its inputs are pixel_values"
+    ):
+        describe_model(ModelConfig(name=str(tmp_path / "vit")), check_files=False)
