@@ -134,7 +134,8 @@ class ParquetSource(FieldsSource):
                 n = batch.num_rows
                 stop = int(np.searchsorted(mine, row + n))
                 if stop > k:
-                    for local, values in zip(mine[k:stop], batch.take(mine[k:stop] - row).to_pylist()):
+                    taken = _plain_strings(batch).take(mine[k:stop] - row).to_pylist()
+                    for local, values in zip(mine[k:stop], taken):
                         i = int(starts[g] + local)
                         out.append(self.spec.example(values, i, f"row {i} of {self.path}"))
                     k = stop
@@ -146,7 +147,7 @@ class ParquetSource(FieldsSource):
     def empty_rows(self) -> list[int]:
         """The rows with no text (:func:`rapids_attn.data.index.no_text`: the text, and the pair if there is one,
         both empty strings), ascending. Read only from the row groups whose statistics leave room for one (a
-        string column's minimum is "" exactly when it holds an empty string), so a file without empty texts
+        string column that holds an empty string has the minimum ""), so a file without empty texts
         whose writer kept statistics costs its metadata alone; a column of numbers is never empty (its values
         become text)."""
         import numpy as np
@@ -170,7 +171,7 @@ class ParquetSource(FieldsSource):
                 row = start
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=fields):
                     hit = None
-                    for values in batch.columns:
+                    for values in _plain_strings(batch).columns:
                         if pa.types.is_dictionary(values.type):
                             values = values.dictionary_decode()
                         empty = pc.fill_null(pc.equal(pc.utf8_length(values), 0), False)
@@ -181,9 +182,19 @@ class ParquetSource(FieldsSource):
         return out
 
 
+def _plain_strings(batch):
+    """``batch`` with its string-view columns as large strings (pyarrow's take and string kernels want those)."""
+    import pyarrow as pa
+
+    views = [i for i, f in enumerate(batch.schema) if pa.types.is_string_view(f.type)]
+    for i in views:
+        batch = batch.set_column(i, batch.schema.field(i).name, batch.column(i).cast(pa.large_string()))
+    return batch
+
+
 def _may_hold_empty(row_group, column: int | None) -> bool:
-    """False when the row group's statistics say the string column holds no empty string (its minimum is not
-    ""); True when they do not say."""
+    """False when the row group's statistics rule out an empty string in the column (its minimum is not "", and
+    a minimum, truncated or not, is at most every value); True when they do not say."""
     if column is None:
         return True
     stats = row_group.column(column).statistics

@@ -48,6 +48,35 @@ def attention_modules(model) -> tuple[list[torch.nn.Module], int] | None:
     return (mods, index) if mods else None
 
 
+def check_probe_map(model, layer: int, w: torch.Tensor, n: int) -> None:
+    """A probe's attention weights (one unpadded input of ``n`` tokens) must be a map of probabilities: [1, head,
+    n, n], finite, non-negative, each row's sum at most 1 (below it only where a learned sink takes a share, as
+    gpt-oss's) and above 0. Refused in one line otherwise: a local-attention band (Longformer, LED, LongT5), scores
+    before the softmax (ProphetNet) and the like would be stored as if they were maps."""
+    name = type(model).__name__
+    if w.dim() != 4 or tuple(w.shape[2:]) != (n, n):
+        got = "x".join(map(str, w.shape))
+        raise ModelError(
+            f"model.name: layer {layer} of {name} returns attention of shape {got} for {n} tokens, not a "
+            f"{n} x {n} map per head (local or block attention); rapids_attn reads models whose attention is one"
+        )
+    # float32 sums to 1 within 1e-6; half precision (a GPU's model dtype) within a few of its eps
+    tol = 1e-3 if w.dtype in (torch.float32, torch.float64) else 16 * torch.finfo(w.dtype).eps
+    w = w.float()
+    sums = w.sum(-1)
+    if (
+        not bool(torch.isfinite(w).all())
+        or float(w.min()) < -1e-6
+        or float(sums.max()) > 1 + tol
+        or float(sums.min()) <= 0
+    ):
+        raise ModelError(
+            f"model.name: layer {layer} of {name} returns attention weights that are not probabilities (rows sum "
+            f"to {float(sums.min()):.3g} .. {float(sums.max()):.3g}, least weight {float(w.min()):.3g}); rapids_attn "
+            "reads the weights after the softmax"
+        )
+
+
 class AttentionCapture:
     """Run ``forward(**batch)`` and send every layer's attention weights to ``sink`` as they appear."""
 

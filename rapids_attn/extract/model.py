@@ -112,13 +112,16 @@ def model_class(config, name: str):
     from transformers import AutoModel
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
+    if "AutoModel" in (getattr(config, "auto_map", None) or {}):
+        return AutoModel  # remote code: its own class, whatever built-in its config's name matches
     try:
         cls = MODEL_MAPPING[type(config)]
     except (KeyError, ValueError):
-        return AutoModel  # remote code and the like: AutoModel resolves it
+        return AutoModel  # older or unknown architectures: AutoModel resolves it
+    cls = cls[0] if isinstance(cls, tuple) else cls  # Funnel: (FunnelModel, FunnelBaseModel)
     params = inspect.signature(cls.forward).parameters
     if "input_ids" not in params:
-        inputs = ", ".join(p for p in params if p.endswith(("_values", "_features", "_embeds")) or p == "pixel_values")
+        inputs = ", ".join(p for p in params if p in ("pixel_values", "input_values", "input_features"))
         raise ModelError(
             f"model.name: '{name}' ({config.model_type}) does not read token ids"
             + (f" (its inputs are {inputs})" if inputs else "")
@@ -142,7 +145,14 @@ class _EncoderOf:
         self.cls = cls
 
     def from_pretrained(self, *args, **kwargs):
-        return self.cls.from_pretrained(*args, **kwargs).get_encoder()
+        whole = self.cls.from_pretrained(*args, **kwargs)
+        enc = whole.get_encoder() if hasattr(whole, "get_encoder") else None
+        if enc is None or getattr(enc, "config", None) is None:
+            raise ModelError(
+                f"model.name: the encoder-decoder model {type(whole).__name__} gives no encoder to read on its own "
+                f"({'no get_encoder' if enc is None else type(enc).__name__ + ' has no config'}); choose another model"
+            )
+        return enc
 
 
 def resolve_base(base: str, config) -> str:

@@ -23,7 +23,7 @@ from rapids_attn.data.example import Example
 from rapids_attn.data.index import Rows
 from rapids_attn.devices import ExtractDevices, empty_device_cache
 from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
-from rapids_attn.extract.capture import AttentionCapture
+from rapids_attn.extract.capture import AttentionCapture, check_probe_map
 from rapids_attn.extract.maps import (
     DETECTOR_NAMES,
     PROFILE_OFFSETS,
@@ -101,8 +101,8 @@ class ShardResult:
 
 def check_tokens(examples: list[Example], lengths: list[int]) -> None:
     """An example the tokenizer turned into no tokens has no attention to capture: a one-line error naming it
-    (an empty text, with a tokenizer that adds no special tokens, as GPT-2's). Preflight refuses these where
-    the index pass reads texts (:func:`rapids_attn.pipeline._check_texts`); this catches the rest (Parquet)."""
+    (an empty text, with a tokenizer that adds no special tokens, as GPT-2's). Preflight refuses these from the
+    index (:func:`rapids_attn.pipeline._check_texts`); this is the last guard, for a file changed since."""
     empty = [ex.id for ex, n_tok in zip(examples, lengths, strict=True) if n_tok == 0]
     if empty:
         from rapids_attn.errors import DataError
@@ -141,13 +141,16 @@ class Extractor:
         self.batch_cost = BatchCost.for_model(int(getattr(self.model.config, "hidden_size", 768) or 768), self.device)
 
     def _probe_causal(self) -> bool:
-        """True when every head of every layer puts no mass above the diagonal (decoder attention)."""
+        """True when every head of every layer puts no mass above the diagonal (decoder attention). Refuses, in one
+        line, a model whose weights are not a map of probabilities (:func:`check_probe_map`)."""
         ids = self.tokenizer("a b c d e f", return_tensors="pt")["input_ids"][:, :6].to(self.device)
         upper: list[float] = []
-        self.capture.run(
-            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
-            lambda _l, w: upper.append(float(torch.triu(w.float(), diagonal=1).sum())),
-        )
+
+        def look(layer, w):
+            check_probe_map(self.model, layer, w, ids.shape[1])
+            upper.append(float(torch.triu(w.float(), diagonal=1).sum()))
+
+        self.capture.run({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, look)
         return max(upper) == 0.0
 
     def run_batch(

@@ -129,6 +129,17 @@ class HeadsStage(Stage):
         from rapids_attn.heads.metrics import metric_for
 
         name = self.metric_name(ctx)
+        if name != "retrieval":  # the task heads of an encoder-decoder model read its decoder
+            import transformers
+
+            from rapids_attn.extract.model import model_class
+
+            if model_class(self._config(), self.model_cfg.name) is not transformers.AutoModel:
+                raise JobConfigError(
+                    f"heads.metric: {name} scores the task head of {self.model_cfg.name}, an encoder-decoder model "
+                    "whose head reads its decoder, and rapids_attn masks its encoder's heads; use heads.metric: "
+                    "retrieval (question/paragraph pairs), or an encoder-only or decoder-only model"
+                )
         metric_for(name).check(self._config(), None, self.model_cfg.name, ctx.data.format)
         if name in ("squad", "retrieval") and not ctx.data.pairs:
             raise JobConfigError(

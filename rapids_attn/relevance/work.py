@@ -27,6 +27,7 @@ import torch
 
 from rapids_attn.data.example import Example
 from rapids_attn.devices import ExtractDevices
+from rapids_attn.extract.capture import check_probe_map
 from rapids_attn.job import ModelConfig
 
 #: token role bits (``relevance_roles``)
@@ -120,6 +121,8 @@ class RelevanceWorker:
         ids = self.tokenizer("a b c d e f", return_tensors="pt")["input_ids"][:, :6].to(self.device)
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+        for layer, a in enumerate(out.attentions):
+            check_probe_map(self.model, layer, a, ids.shape[1])
         return max(float(torch.triu(a.float(), diagonal=1).sum()) for a in out.attentions) == 0.0
 
     def _target(self, out, mask: torch.Tensor) -> torch.Tensor:

@@ -400,3 +400,29 @@ def test_an_example_without_text_is_refused_at_preflight_where_it_has_no_tokens(
     empty = [r for r in picked if r in (3, 6)]
     assert len(empty) == 1, picked  # the seed is chosen so that one of the two is drawn
     _one_line_exit_2([job(tiny_gpt2_dir, sample=4, seed=1), "--check"], capsys, f"example 'r{empty[0]}' has no text")
+
+
+def test_a_task_metric_on_an_encoder_decoder_models_head_is_refused_at_preflight(tmp_path, capsys, monkeypatch):
+    """BART's classification head reads its decoder, and the heads stage masks the encoder's heads (the only ones
+    extract reads): ``heads.metric: auto`` (accuracy, from the head) is refused before any worker starts."""
+    from helpers import bpe_tokenizer, make_job, write_jsonl
+    from transformers import BartConfig, BartForSequenceClassification
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    tok = bpe_tokenizer()
+    cfg = BartConfig(
+        vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128, num_labels=2,
+    )  # fmt: skip
+    BartForSequenceClassification(cfg).save_pretrained(tmp_path / "bart")
+    tok.save_pretrained(tmp_path / "bart")
+    capsys.readouterr()  # save_pretrained's progress bar
+    rows = [
+        {"id": f"q{i}", "question": f"q {i}?", "context": "a b c", "topic": "t", "answerable": True} for i in range(4)
+    ]
+    job = make_job(tmp_path, tmp_path / "bart", write_jsonl(tmp_path / "d.jsonl", rows), heads={"enabled": True})
+    err = _one_line_exit_2(
+        [str(_job_file(tmp_path, job)), "--check"], capsys, "heads.metric: accuracy scores the task head"
+    )
+    assert "encoder-decoder" in err and "retrieval" in err
+    assert not (tmp_path / "run").exists()

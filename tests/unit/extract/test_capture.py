@@ -131,6 +131,64 @@ def test_probe_causal(request, tmp_path, model, causal):
     assert ex._probe_causal() is causal
 
 
+def _save(model, out, tok=None):
+    from helpers import bpe_tokenizer
+
+    model.save_pretrained(out)
+    (tok or bpe_tokenizer()).save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["led", "led-wide", "prophetnet"])
+def test_attention_that_is_not_a_map_of_probabilities_is_refused_by_the_probe(tmp_path, kind):
+    """LED's encoder returns Longformer's band ([T, 2w + 1], cropped to T x T it would pass for a map when the
+    band is wider than the text) and ProphetNet's its scores before the softmax: the worker's probe refuses
+    both in one line, where the job stored them as maps."""
+    from helpers import bpe_tokenizer
+    from transformers import LEDConfig, LEDModel, ProphetNetConfig, ProphetNetModel
+
+    n = len(bpe_tokenizer())
+    torch.manual_seed(0)
+    small = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2, "decoder_attention_heads": 2}
+    if kind.startswith("led"):
+        cfg = LEDConfig(
+            vocab_size=n, d_model=32, encoder_ffn_dim=32, decoder_ffn_dim=32, max_encoder_position_embeddings=256,
+            max_decoder_position_embeddings=128, attention_window=[64, 64] if kind == "led-wide" else [4, 4], **small,
+        )  # fmt: skip
+        model = LEDModel(cfg)
+    else:
+        model = ProphetNetModel(
+            ProphetNetConfig(
+                vocab_size=n, hidden_size=32, num_encoder_layers=2, num_decoder_layers=2, num_encoder_attention_heads=2,
+                num_decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+                ngram=2, num_buckets=8, relative_max_distance=16,
+            )
+        )  # fmt: skip
+    folder = _save(model, tmp_path / kind)
+    want = "not probabilities" if kind == "prophetnet" else r"returns attention of shape 1x2x\d+x\d+ for \d+ tokens"
+    with pytest.raises(ModelError, match=want):
+        make_extractor(tmp_path, folder)
+
+
+def test_the_probe_check_takes_sinks_and_half_precision_and_refuses_what_is_not_a_map():
+    from rapids_attn.extract.capture import check_probe_map
+
+    p = torch.softmax(torch.randn(1, 2, 5, 5), -1)
+    check_probe_map(torch.nn.Identity(), 0, p, 5)
+    check_probe_map(torch.nn.Identity(), 0, p * 0.7, 5)  # a learned sink's share: rows below 1
+    check_probe_map(torch.nn.Identity(), 0, p.to(torch.bfloat16), 5)  # bf16 rows sum to 1 within its eps
+    for bad, what in [
+        (p[..., :4], "shape 1x2x5x4"),
+        (p[:, :, None], "shape 1x2x1x5x5"),
+        (p * 1.01, "not probabilities"),
+        (p - 0.05, "not probabilities"),
+        (p * float("nan"), "not probabilities"),
+        (torch.zeros_like(p), "not probabilities"),
+    ]:
+        with pytest.raises(ModelError, match=what):
+            check_probe_map(torch.nn.Identity(), 0, bad, 5)
+
+
 # --- no attention weights -> ModelError -------------------------------------------------------
 
 

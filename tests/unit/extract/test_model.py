@@ -275,3 +275,32 @@ def test_a_model_that_reads_no_token_ids_is_refused_at_preflight(tmp_path):
         ModelError, match=r"model\.name: .*\(vit\) does not read token ids \(its inputs are pixel_values"
     ):
         describe_model(ModelConfig(name=str(tmp_path / "vit")), check_files=False)
+
+
+def test_an_encoder_decoder_model_whose_encoder_has_no_config_is_refused_in_one_line(tmp_path):
+    from helpers import bpe_tokenizer
+    from transformers import FSMTConfig, FSMTModel
+
+    n = len(bpe_tokenizer())
+    cfg = FSMTConfig(
+        src_vocab_size=n, tgt_vocab_size=n, langs=["en", "de"], d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    FSMTModel(cfg).save_pretrained(tmp_path / "fsmt")
+    with pytest.raises(
+        ModelError, match=r"^model\.name: the encoder-decoder model FSMTModel gives no encoder .*no config"
+    ):
+        load_model(ModelConfig(name=str(tmp_path / "fsmt")), "cpu", "float32")
+
+
+def test_model_class_reads_a_tuple_entry_and_leaves_remote_code_to_automodel():
+    from transformers import AutoModel, FunnelConfig, FunnelModel, T5Config
+
+    from rapids_attn.extract.model import model_class
+
+    assert model_class(FunnelConfig(), "f") is AutoModel  # MODEL_MAPPING: (FunnelModel, FunnelBaseModel)
+    assert "input_ids" in FunnelModel.forward.__code__.co_varnames
+    remote = T5Config(auto_map={"AutoModel": "modeling_mine.MyT5"})  # a remote model whose config is named T5Config
+    assert model_class(remote, "r") is AutoModel
+    assert model_class(T5Config(), "t").__name__ == "T5EncoderModel"
