@@ -1,7 +1,7 @@
 """The blocked capture (rapids_attn/extract/blocked.py) against the eager path: the same images, statistics,
 offset profiles and detectors within 1e-5, and the model's own output unchanged, on tiny BERT, GPT-2, Llama
-(grouped-query attention) and Mistral (a sliding window) models built here, with padding, blocks of a few rows
-and a subset of heads."""
+(grouped-query attention), Mistral (a sliding window) and eleven more architectures (``_more``) built here,
+with padding, blocks of a few rows and a subset of heads."""
 
 import copy
 
@@ -66,7 +66,69 @@ def _mistral():
     )
 
 
-MODELS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral}
+def _more():
+    """More architectures, each with what sets its attention apart (a review of 24 found them all equal to
+    eager; these guard the ones with their own masks, norms, rotary splits and key-head layouts)."""
+    import transformers as T
+
+    common = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    common |= {"num_attention_heads": 4, "max_position_embeddings": 160}
+    ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    window = {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}
+    return {
+        # a sliding window on the first layer only
+        "qwen2": lambda: (
+            T.Qwen2Model,
+            T.Qwen2Config(**common, num_key_value_heads=2, use_sliding_window=True, **window),
+        ),
+        "qwen3": lambda: (T.Qwen3Model, T.Qwen3Config(**common, num_key_value_heads=2, head_dim=8)),  # q/k norms
+        "phi3": lambda: (T.Phi3Model, T.Phi3Config(**common, num_key_value_heads=2, sliding_window=5, **ids)),
+        "gpt_neox": lambda: (T.GPTNeoXModel, T.GPTNeoXConfig(**common, rotary_pct=0.25)),  # rotary on a quarter
+        "opt": lambda: (
+            T.OPTModel,
+            T.OPTConfig(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                ffn_dim=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                word_embed_proj_dim=32,
+                max_position_embeddings=160,
+                pad_token_id=1,
+                bos_token_id=2,
+                eos_token_id=2,
+            ),
+        ),
+        "gemma3": lambda: (
+            T.Gemma3TextModel,
+            T.Gemma3TextConfig(**common, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, **window, **ids),
+        ),
+        "gpt_bigcode": lambda: (  # one key head for all (multi-query)
+            T.GPTBigCodeModel,
+            T.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, multi_query=True, n_positions=160),
+        ),
+        "starcoder2": lambda: (
+            T.Starcoder2Model,
+            T.Starcoder2Config(**common, num_key_value_heads=2, sliding_window=5),
+        ),
+        "roberta": lambda: (T.RobertaModel, T.RobertaConfig(**common, pad_token_id=0)),
+        "distilbert": lambda: (
+            T.DistilBertModel,
+            T.DistilBertConfig(
+                vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=160
+            ),
+        ),
+        "modernbert": lambda: (  # a local window of 8 keys on the first layer, global on the second
+            T.ModernBertModel,
+            T.ModernBertConfig(
+                **common, global_attn_every_n_layers=2, local_attention=8, cls_token_id=1, sep_token_id=2, **ids
+            ),
+        ),
+    }
+
+
+MODELS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "mistral": _mistral, **_more()}
+ENCODERS = {"bert", "roberta", "distilbert", "modernbert"}
 
 
 def _models(kind: str):
@@ -102,7 +164,7 @@ def _reduce(model, batch, lengths, heads, causal, block_bytes):
 @pytest.mark.parametrize("heads", [[0, 1, 2, 3], [3, 1]])
 def test_blocked_equals_eager(kind, heads):
     eager, blocked, sdpa, _ = _models(kind)
-    causal = kind != "bert"
+    causal = kind not in ENCODERS
     lengths = [23, 17, 9, 1]
     batch = _batch(lengths)
     ref = _reduce(eager, batch, lengths, heads, causal, 1 << 26)
@@ -130,7 +192,7 @@ def test_the_capture_base_gives_the_output_from_its_own_weights(kind, heads):
     eager, _, sdpa, cfg = _models(kind)
     own = type(eager)._from_config(copy.deepcopy(cfg), attn_implementation=register("capture")).eval()
     own.load_state_dict(eager.state_dict())
-    causal = kind != "bert"
+    causal = kind not in ENCODERS
     lengths = [23, 17, 9, 1]
     batch = _batch(lengths)
     ref = _reduce(eager, batch, lengths, heads, causal, 1 << 26)
@@ -258,7 +320,7 @@ def test_blocked_on_an_additive_mask_equals_eager(kind):
     on_eager.load_state_dict(eager.state_dict())
     lengths = [23, 17, 9, 1]
     batch = _batch(lengths)
-    causal = kind != "bert"
+    causal = kind not in ENCODERS
     ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], causal, 1 << 26)
     got = _reduce(on_eager, batch, lengths, [0, 1, 2, 3], causal, 2000)
     for name in ("images", "thumbs", "stats", "profile", "detectors"):
@@ -275,7 +337,7 @@ def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypa
     if pairs_cache is not None:
         monkeypatch.setattr(maps, "PAIRS_CACHE_BYTES", pairs_cache)
     eager, blocked, _, _ = _models(kind)
-    causal = kind != "bert"
+    causal = kind not in ENCODERS
     lengths = [150, 97]
     batch = _batch(lengths, seed=1)
     ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], causal, 1 << 26)
