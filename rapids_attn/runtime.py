@@ -150,6 +150,7 @@ WORKER_MODULES = (
     "rapids_attn.extract.shard",
     "rapids_attn.heads.work",
     "rapids_attn.relevance.work",
+    "rapids_attn._fork_ready",  # last: freezes what the others imported
 )
 
 _server_env: dict[str, str] | None = None  # the environment the fork server of this process was started with

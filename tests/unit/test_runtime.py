@@ -148,8 +148,10 @@ def test_the_worker_modules_exist():
 
 
 def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatch):
-    """Workers start as forks of one server that imported torch, transformers and the job's modules, with the
-    environment a spawned worker gets (no MALLOC_TRIM_THRESHOLD_, one BLAS thread) and SIGINT blocked."""
+    """Workers start as forks of one server that imported torch, transformers and the job's modules and froze
+    their objects out of garbage collection, with the environment a spawned worker gets (no
+    MALLOC_TRIM_THRESHOLD_, one BLAS thread) and SIGINT blocked."""
+    import gc
     import sys
     from multiprocessing import forkserver
 
@@ -170,6 +172,7 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
             env.get("MALLOC_TRIM_THRESHOLD_"),
             env.get("OMP_NUM_THREADS"),
             signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+            gc.get_freeze_count(),
         )
 
     rt = Runtime(RuntimeConfig(n_workers=2, processes=True, dashboard_address=":0"))
@@ -177,8 +180,8 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
         got = list(client.run(probe).values())
     assert rt.description["worker_start"] == "forkserver"
     assert len(got) == 2
-    for missing, parent, trim, omp, blocked in got:
-        assert missing == []
+    for missing, parent, trim, omp, blocked, frozen in got:
+        assert missing == [] and frozen > 100_000  # torch's and transformers' objects, at least
         assert parent == forkserver._forkserver._forkserver_pid  # not this process: the server's fork
         assert trim is None and omp == "1" and blocked
 
