@@ -17,6 +17,7 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 
 import yaml
 
@@ -27,7 +28,7 @@ from rapids_attn.heads.stage import HeadsStage
 from rapids_attn.job import JobConfig
 from rapids_attn.learn.stage import LearnStage
 from rapids_attn.relevance.stage import RelevanceStage
-from rapids_attn.stage import RunContext, Stage
+from rapids_attn.stage import WORKER_STAGES, RunContext, Stage
 
 #: every stage a job can run, in the order they run
 STAGES: dict[str, type[Stage]] = {
@@ -42,10 +43,6 @@ _HOW = {
     ),
     "learn": ("no complete clustering in the store; rerun with --stages learn",) * 2,
 }
-
-
-#: the stages that run on a local cluster's workers
-WORKER_STAGES = {"extract", "relevance", "heads"}
 
 
 def default_stages(cfg: JobConfig | None = None) -> tuple[str, ...]:
@@ -273,7 +270,12 @@ def _run_stages(cfg: JobConfig, plan: RunPlan) -> dict:
                 client = _start_cluster(cfg, ctx, cluster_scope)
                 ctx.timings["cluster_start"] = time.perf_counter() - t  # workers up (not loaded: see extract)
             t = time.perf_counter()
+            nxt = built[i + 1] if i + 1 < len(built) else None
+            if nxt is not None:  # the next stage's imports, once this one's last tasks leave workers idle
+                keeps = client is not None and using and i < using[-1] and nxt.uses_cluster(ctx)
+                ctx.warm_next_stage = partial(nxt.warm, ctx, client if keeps else None)
             result = st.run(ctx, client if st.uses_cluster(ctx) else None)
+            ctx.warm_next_stage = None
             result.seconds = time.perf_counter() - t
             ctx.timings[st.name] = result.seconds
             ctx.results[st.name] = result

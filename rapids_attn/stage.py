@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -44,6 +45,10 @@ class StageResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+#: the stages that run on a local cluster's workers (the pipeline starts the workers' fork server for them)
+WORKER_STAGES = frozenset({"extract", "relevance", "heads"})
 
 
 @dataclass
@@ -75,6 +80,15 @@ class RunContext:
     results: dict[str, StageResult] = field(default_factory=dict)
     #: seconds per step of this run (preflight and each stage), filled by the pipeline
     timings: dict[str, float] = field(default_factory=dict)
+    #: set by the pipeline while a stage runs: the next stage's :meth:`Stage.warm`, bound to this run. A stage
+    #: whose last tasks leave workers idle calls it once (:meth:`warm_next`), so those cores are not left idle
+    warm_next_stage: Callable[[], None] | None = None
+
+    def warm_next(self) -> None:
+        """Start the next stage's imports now, once (a no-op when there is no next stage, or after the first)."""
+        warm, self.warm_next_stage = self.warm_next_stage, None
+        if warm is not None:
+            warm()
 
     @property
     def store_path(self) -> Path:
@@ -104,6 +118,11 @@ class Stage(ABC):
     def uses_cluster(self, ctx: RunContext) -> bool:
         """True when :meth:`run` needs the Dask client."""
         return False
+
+    def warm(self, ctx: RunContext, client=None) -> None:
+        """While the stage before this one runs its last tasks on fewer workers than there are: start what
+        this stage would otherwise wait for first (imports here and, given ``client`` (when :meth:`uses_cluster`),
+        on the workers), without blocking. The default does nothing."""
 
     @abstractmethod
     def run(self, ctx: RunContext, client=None) -> StageResult:

@@ -7,9 +7,10 @@ It reads ``features`` and writes ``reduced``, ``coords`` and ``cluster``; the fi
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass, field
 
-from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.stage import WORKER_STAGES, RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
 
 
@@ -108,9 +109,30 @@ class LearnStage(Stage):
             )
 
     def uses_cluster(self, ctx: RunContext) -> bool:
-        # only a multi-GPU fit (cuml.dask) runs on the workers; any other fit runs in this process,
-        # and idle workers (with their RMM pools) would hold memory it needs
-        return ctx.devices.multi_gpu_learn
+        """A multi-GPU fit (cuml.dask) runs on the workers. On the CPU, KMeans's extra fits (the k sweep's and
+        the stability refits, :class:`rapids_attn.learn.fit.KMeansFits`) do too, when this run has a stage
+        that starts the workers anyway (extract's workers, their models dropped, are kept for them); any
+        other fit runs in this process, and idle workers (with their RMM pools) would hold memory it needs."""
+        return ctx.devices.multi_gpu_learn or self.refits_on_workers(ctx)
+
+    def warm(self, ctx: RunContext, client=None) -> None:
+        """scikit-learn's estimators, imported in a thread here and by each worker that will fit (about 1 s
+        each), while extract's last shards run: a worker with no shard left does it at once."""
+        if ctx.devices.learn.gpu:
+            return
+        from rapids_attn.learn.fit import import_estimators
+
+        threading.Thread(target=import_estimators, name="rapids-attn-warm-learn", daemon=True).start()
+        if client is not None and self.refits_on_workers(ctx):
+            from distributed import fire_and_forget
+
+            for w in client.nthreads():
+                fire_and_forget(client.submit(import_estimators, workers=[w], pure=False, priority=-1))
+
+    def refits_on_workers(self, ctx: RunContext) -> bool:
+        c = self.cluster_cfg
+        extra = c.method == "kmeans" and (c.k_sweep is not None or c.stability_seeds > 0)
+        return extra and not ctx.devices.learn.gpu and bool(WORKER_STAGES & set(ctx.stages))
 
     def run(self, ctx: RunContext, client=None) -> LearnResult:
         import zarr

@@ -119,4 +119,9 @@ def test_the_cluster_lives_until_the_last_stage_that_uses_it(
     assert released == [True]  # the workers dropped extract's model before the later stage
     released.clear()
     pipeline.run_job(cfg, ("extract", "learn"))
-    assert released == []  # the cluster closed right after extract instead
+    assert released == [True]  # on the CPU, the learn stage's KMeans sweep and refits run on the workers
+    released.clear()
+    raw = make_job(tmp_path / "plain", tiny_bert_dir, pair_data)
+    raw["cluster"] = {**raw.get("cluster", {}), "k_sweep": None, "stability_seeds": 0}
+    pipeline.run_job(load_job(None, raw=raw), ("extract", "learn"))
+    assert released == []  # no extra fits: the cluster closed right after extract instead

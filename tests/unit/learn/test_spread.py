@@ -141,3 +141,63 @@ def test_two_workers_on_one_gpu_do_not_spread(tmp_path, client, monkeypatch):
     info = fit_store(g, reduce, cluster, _SpreadBackend("sklearn", "test"), client=client, multi_gpu=True)
     assert info["multi_gpu"] is False
     assert info["multi_gpu_skipped"] == "1 distinct GPU(s) among the workers"
+
+
+@pytest.mark.parametrize("n_clusters", [3, "auto"])
+def test_the_sweep_and_refits_run_on_cpu_workers_with_the_figures_of_this_process(tmp_path, client, n_clusters):
+    """On a CPU cluster the k sweep's fits and the stability refits run on the workers (KMeansFits), beside the
+    final fit here: the task stream shows every one of them, and the store and the figures are those of the
+    same fit with no workers."""
+    from distributed import get_task_stream
+
+    from rapids_attn.devices import resolve_learn_backend
+
+    rng = np.random.default_rng(5)
+    here, there = (planted_store(tmp_path / name)[0] for name in ("here", "there"))
+    noisy = here[S.FEATURES][:] + rng.normal(0, 6.0, size=here[S.FEATURES].shape).astype(np.float32)
+    here[S.FEATURES][:] = there[S.FEATURES][:] = noisy  # overlapping blobs: stability below 1 somewhere
+    reduce, cluster = learn_sections(
+        **{"cluster.n_clusters": n_clusters, "cluster.k_sweep": [2, 6], "cluster.stability_seeds": 2}
+    )
+    cpu = resolve_learn_backend("cpu")
+    want = fit_store(here, reduce, cluster, cpu, seed=0)
+    with get_task_stream(client) as ts:
+        got = fit_store(there, reduce, cluster, cpu, seed=0, client=client)
+    fits = [t for t in ts.data if t["key"].startswith("_kmeans_fit")]
+    assert len(fits) == 5 * 2 + 2  # k = 2..6, each with its refit; two stability refits
+    assert got["kmeans_workers"] == 2 and want["kmeans_workers"] == 0
+    sweep, ref = got["k_sweep"], want["k_sweep"]
+    assert sweep["k"] == ref["k"] and sweep["chosen"] == ref["chosen"]
+    np.testing.assert_allclose(sweep["silhouette"], ref["silhouette"], atol=1e-6)
+    np.testing.assert_allclose(sweep["inertia"], ref["inertia"], rtol=1e-5)
+    np.testing.assert_allclose(sweep["stability"], ref["stability"], atol=1e-3)
+    assert min(sweep["stability"]) < 1.0
+    np.testing.assert_allclose(got["stability"]["ari"], want["stability"]["ari"], atol=1e-3)
+    np.testing.assert_array_equal(there[S.CLUSTER][:], here[S.CLUSTER][:])
+    assert got["silhouette"] == pytest.approx(want["silhouette"], abs=1e-6)
+    assert not client.who_has()  # the scattered samples and every future released
+
+
+@pytest.mark.parametrize(
+    ("overrides", "stages", "gpu", "uses"),
+    [
+        ({}, ("extract", "learn", "explain"), False, True),  # the default job: its workers are up anyway
+        ({}, ("learn", "heads"), False, True),
+        ({}, ("learn", "explain"), False, False),  # no stage of this run starts workers: not for the sweep alone
+        ({}, ("extract", "learn"), True, False),  # cuML fits on the job's GPU in milliseconds
+        ({"cluster.k_sweep": None, "cluster.stability_seeds": 0}, ("extract", "learn"), False, False),  # no refits
+        ({"cluster.k_sweep": None}, ("extract", "learn"), False, True),  # the stability refits alone
+        ({"cluster.method": "dbscan", "cluster.k_sweep": None}, ("extract", "learn"), False, False),
+    ],
+)
+def test_the_learn_stage_takes_the_cpu_workers_for_kmeans_extra_fits(overrides, stages, gpu, uses):
+    from types import SimpleNamespace
+
+    from rapids_attn.learn.stage import LearnStage
+
+    reduce, cluster = learn_sections(**overrides)
+    ctx = SimpleNamespace(
+        stages=stages,
+        devices=SimpleNamespace(learn=LearnBackend("cuml" if gpu else "sklearn", "test"), multi_gpu_learn=False),
+    )
+    assert LearnStage(reduce, cluster).uses_cluster(ctx) is uses

@@ -50,8 +50,8 @@ def test_auto_prefers_the_best_silhouette_among_stable_k(tmp_path, monkeypatch):
     assert sweep["chosen"] == 3 and len(sweep["stability"]) == len(sweep["k"])  # the planted k, stable
     real = fit_mod.seed_agreement
 
-    def k3_unstable(backend, z, labels, k, seeds):
-        return [0.5] if k == 3 else real(backend, z, labels, k, seeds)
+    def k3_unstable(backend, z, labels, k, seeds, *rest):
+        return [0.5] if k == 3 else real(backend, z, labels, k, seeds, *rest)
 
     monkeypatch.setattr(fit_mod, "seed_agreement", k3_unstable)
     info = learn(g, **{"cluster.n_clusters": "auto", "cluster.k_sweep": [2, 6]})
@@ -77,3 +77,20 @@ def test_the_sweep_scores_every_k_as_the_silhouette_does(sil_sample, monkeypatch
         assert got["k"] == [2, 3, 4, 5]
         np.testing.assert_allclose(got["silhouette"], want, rtol=1e-5)
         assert got["best_silhouette_k"] == 3
+
+
+@pytest.mark.parametrize(("n", "k"), [(600, 2), (600, 9), (40, 39), (300, 7)])
+def test_the_sweeps_silhouette_is_scikit_learns(n, k):
+    """One matrix product per k instead of scikit-learn's bincount per map: the same score, with maps alone
+    in their cluster (0) and labels that are not 0..k-1; scikit-learn's own error for too many labels."""
+    from sklearn.metrics import pairwise_distances, silhouette_score
+
+    rng = np.random.default_rng(n + k)
+    x = np.concatenate([rng.normal(c, 1.0, size=(n // 2, 5)) for c in (0.0, 3.0)]).astype(np.float32)
+    dist = pairwise_distances(x)
+    labels = rng.integers(0, k, size=len(x)) * 7 - 3
+    labels[0] = 1000  # alone in its cluster
+    want = silhouette_score(dist, labels, metric="precomputed")
+    assert fit_mod.silhouette_precomputed(dist, labels) == pytest.approx(want, abs=1e-6)
+    with pytest.raises(ValueError, match="Number of labels"):
+        fit_mod.silhouette_precomputed(dist, np.arange(len(x)))
