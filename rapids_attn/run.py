@@ -172,6 +172,18 @@ def overrides_in_order(argv: list[str]) -> list[str]:
     return out
 
 
+def start_workers_server_early(cfg, stages: str | None) -> None:
+    """The local workers' fork server, started as soon as the job is read (before the pipeline's own imports,
+    1.5 s of torch and the stages), when a stage this run may run uses workers: its imports are what starting
+    the workers waits for (``run_job`` starts it too, a no-op once it runs)."""
+    from rapids_attn.runtime import start_worker_server
+    from rapids_attn.stage import WORKER_STAGES
+
+    named = None if stages is None else {s.strip() for s in stages.split(",")}
+    if named is None or WORKER_STAGES & named:  # every default run has extract
+        start_worker_server(cfg.runtime)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -189,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             from rapids_attn.job import load_job
-            from rapids_attn.pipeline import parse_stages, preflight, run_job
 
             cfg = load_job(args.job, overrides)
+            if not args.check:
+                start_workers_server_early(cfg, args.stages)
+            from rapids_attn.pipeline import parse_stages, preflight, run_job  # torch and the stages: 1.5 s
+
             stages = parse_stages(args.stages, cfg)
             if args.check:
                 ctx = preflight(cfg, stages, args.overwrite).ctx

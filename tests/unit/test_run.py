@@ -255,3 +255,22 @@ def test_a_later_set_wins_in_the_order_typed(tmp_path, capsys, tiny_bert_dir, pa
     ]:
         assert main([str(job), "--check", *argv]) == 0
         assert f"ok: {want} examples" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "started"),
+    [([], True), (["--stages", "extract,learn"], True), (["--stages", "learn, explain"], False), (["--check"], False)],
+)
+def test_the_workers_server_starts_as_soon_as_the_job_is_read(
+    tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data, argv, started
+):
+    """Before the pipeline's imports (torch): the workers wait for the server's; not for a run without
+    worker stages, nor for --check."""
+    from rapids_attn import pipeline, runtime
+
+    calls = []
+    monkeypatch.setattr(runtime, "start_worker_server", lambda cfg: calls.append("server") or False)
+    monkeypatch.setattr(pipeline, "run_job", lambda *a, **k: calls.append("run_job") or {})
+    assert main([str(job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))), *argv]) == 0
+    want = [] if "--check" in argv else ["run_job"]
+    assert calls == (["server"] if started else []) + want
