@@ -3,7 +3,7 @@ pass of its model over the same inputs, wall clock, side by side in one run (iss
 
 The job is ``--job`` (default ``jobs/quickstart.yaml``: MiniLM, the pattern CNN, two local one-thread
 workers) on ``--questions`` SQuAD questions sampled from ``--data`` (``data.sample``, ``data.seed``), with the
-default shard size (128), the report off and the relevance stage off (not part of the default job). Its time
+default shard size (`auto`: 64 for 500 questions), the report off and the relevance stage off (not part of the default job). Its time
 is the wall clock from launching ``python -m rapids_attn.run`` to its exit: process start, preflight, worker
 start, model loading, extract, learn and explain all count.
 
@@ -58,13 +58,15 @@ def job_batches(tok, data: str, sample: int, seed: int, max_length: int, ecfg, h
     indices, padded model inputs)."""
     from rapids_attn.data import read_examples
     from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
+    from rapids_attn.extract.stage import resolve_shard_size
 
     examples = list(read_examples(data, format="squad", sample=sample, seed=seed))
     t = tokenize(tok, examples, max_length)
     cost = BatchCost.for_model(hidden_size, "cpu")
     batches = []
-    for start in range(0, len(examples), ecfg.shard_size):
-        lengths = t.lengths[start : start + ecfg.shard_size]
+    shard = resolve_shard_size(ecfg.shard_size, len(examples))  # the job's: auto by default
+    for start in range(0, len(examples), shard):
+        lengths = t.lengths[start : start + shard]
         for b in length_batches(lengths, ecfg.token_budget, ecfg.max_batch_size, cost=cost):
             batches.append([start + i for i in b])
     keep = ("input_ids", "attention_mask", "token_type_ids")

@@ -2,7 +2,7 @@
 wall clock, on the same sampled SQuAD questions (issue 13).
 
 The job side is the quickstart job (``jobs/quickstart.yaml``: MiniLM, the pattern CNN, two local
-workers) with the default shard size (128) and the report off, on ``--questions`` questions sampled
+workers) with the default shard size (`auto`) and the report off, on ``--questions`` questions sampled
 from ``--data`` (``data.sample``, ``data.seed: 0``). Its time is the wall clock from launching
 ``python -m rapids_attn.run job.yaml`` as a subprocess to its exit: process start, preflight, worker
 start, model loading, extract, learn and explain (maps.parquet and the findings) all count.
@@ -47,7 +47,7 @@ def write_job(job: Path, data: Path, questions: int, seed: int, run_dir: Path, o
     spec.setdefault("data", {}).update(
         path=str(data.resolve()), format="squad", sample=questions, seed=seed, squad_unit="question"
     )
-    spec.setdefault("extract", {}).pop("shard_size", None)  # the default, 128
+    spec.setdefault("extract", {}).pop("shard_size", None)  # the default, auto (64 for 500 questions)
     spec.setdefault("explain", {})["report"] = False
     spec.setdefault("output", {})["dir"] = str(run_dir)
     out.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -188,7 +188,7 @@ def report(R: dict) -> str:
     bl = f"baseline (batch 1, padded to {R['args']['max_length']}, {R['args']['backbone']} @224 per map, CSV)"
     rows = [
         [
-            f"rapids_attn job (quickstart, shard 128, report off; {j['workers']} workers)",
+            f"rapids_attn job (quickstart, default shards, report off; {j['workers']} workers)",
             j["examples"],
             f"{j['wall']:.1f}",
             f"{j['wall'] / j['examples']:.3f}",

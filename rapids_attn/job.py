@@ -151,8 +151,10 @@ class ExtractConfig(Section):
     #: which layers / heads to keep (0-based); None keeps all.
     layers: list[int] | None = None
     heads: list[int] | None = None
-    #: examples per shard: the unit of parallel work, of resumption, and the store's row chunk.
-    shard_size: int = Field(128, gt=0)
+    #: examples per shard: the unit of parallel work, of resumption, and the store's row chunk. ``auto``: 128,
+    #: or for fewer than 1,024 examples the multiple of 16 that makes about eight shards, so the last shard
+    #: leaves the other workers idle for less (``rapids_attn.extract.stage.resolve_shard_size``).
+    shard_size: int | Literal["auto"] = "auto"
     #: padded tokens per forward batch (batch size x longest input in the batch).
     token_budget: int = Field(8192, gt=0)
     #: attention entries per head and layer per batch (batch size x longest input squared): bounds
@@ -175,6 +177,13 @@ class ExtractConfig(Section):
     attention_base: str = Field("sdpa", pattern=r"^[A-Za-z0-9_]+$")
     #: MiB of float32 scores and weights one block of query rows may hold (batch x heads x rows x T x 3).
     attention_block_mb: int = Field(64, gt=0)
+
+    @field_validator("shard_size")
+    @classmethod
+    def _positive_shard_size(cls, value):
+        if isinstance(value, int) and value <= 0:
+            raise ValueError(f"shard_size must be a positive number of examples or auto, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _unique_selection(self) -> ExtractConfig:

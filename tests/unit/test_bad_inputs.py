@@ -426,3 +426,28 @@ def test_a_task_metric_on_an_encoder_decoder_models_head_is_refused_at_preflight
     )
     assert "encoder-decoder" in err and "retrieval" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("n", "want"), [(500, 64), (46, 16), (8, 8), (100, 16), (200, 32), (1000, 128), (1024, 128), (6078, 128)]
+)
+def test_auto_shard_size_makes_about_eight_shards_of_small_data(n, want):
+    """``auto`` (the default): 128 examples, or about eight shards below 1,024 (multiples of 16, at least 16,
+    at most the data): a size that depends on the data alone, so a resumed run finds its store's layout."""
+    from rapids_attn.extract.stage import resolve_shard_size
+    from rapids_attn.job import ExtractConfig
+
+    assert ExtractConfig().shard_size == "auto"
+    assert resolve_shard_size("auto", n) == want
+    assert resolve_shard_size(48, n) == min(48, n)  # a number is taken as given, capped at the data
+
+
+def test_auto_shard_size_is_the_default_and_a_bad_one_is_one_line(tmp_path, capsys, tiny_bert_dir, pair_data):
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    job["extract"].pop("shard_size", None)
+    assert main([str(_job_file(tmp_path, job)), "--check"]) == 0
+    assert "ok: 20 examples, 2 layers x 2 heads, 2 shards" in capsys.readouterr().out  # 20 examples: 16 and 4
+    for bad in ("0", "many"):
+        assert main([str(_job_file(tmp_path, job)), "--check", "--set", f"extract.shard_size={bad}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "extract.shard_size" in err, err
