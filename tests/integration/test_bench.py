@@ -102,7 +102,7 @@ def test_job_level_job_file_follows_the_protocol(tmp_path):
     cfg = load_job(write_job(QUICKSTART, data, 500, 0, tmp_path / "run", tmp_path / "job.yaml"))
     quick = load_job(QUICKSTART)
     assert (cfg.data.sample, cfg.data.seed, cfg.data.format) == (500, 0, "squad")
-    assert cfg.extract.shard_size == 128 and cfg.explain.report is False
+    assert cfg.extract.shard_size == "auto" and cfg.explain.report is False  # the default
     assert (cfg.model, cfg.embed, cfg.cluster, cfg.runtime) == (quick.model, quick.embed, quick.cluster, quick.runtime)
 
 
