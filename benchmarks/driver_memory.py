@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="10000,100000,1000000", help="examples per generated dataset")
     ap.add_argument("--formats", default="jsonl,parquet")
     ap.add_argument("--paths", default="index,whole", help="index (the job now), whole (the list, as before)")
-    ap.add_argument("--shard-size", type=int, default=128, help="extract.shard_size (the default)")
+    ap.add_argument("--shard-size", type=int, default=128, help="extract.shard_size (auto gives 128 at these sizes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="driver_memory.json")
     ap.add_argument("--case", help=argparse.SUPPRESS)

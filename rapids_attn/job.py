@@ -178,12 +178,15 @@ class ExtractConfig(Section):
     #: MiB of float32 scores and weights one block of query rows may hold (batch x heads x rows x T x 3).
     attention_block_mb: int = Field(64, gt=0)
 
-    @field_validator("shard_size")
+    @field_validator("shard_size", mode="before")
     @classmethod
     def _positive_shard_size(cls, value):
-        if isinstance(value, int) and value <= 0:
-            raise ValueError(f"shard_size must be a positive number of examples or auto, got {value}")
-        return value
+        """One message for anything but a positive whole number or ``auto`` (the union's own errors name a
+        field ``shard_size.int`` that does not exist, and never say that ``auto`` is allowed)."""
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        if value == "auto" or (whole and not isinstance(value, bool) and value > 0):
+            return value if value == "auto" else int(value)
+        raise ValueError("must be a positive whole number of examples or auto")
 
     @model_validator(mode="after")
     def _unique_selection(self) -> ExtractConfig:
@@ -531,12 +534,16 @@ class JobConfig(Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
-    def extraction_key(self, data_fingerprint: str = "") -> str:
+    def extraction_key(self, data_fingerprint: str = "", shard_size: int | None = None) -> str:
         """Hash of everything that decides the store's contents; a store from another key is refused.
 
         ``data_fingerprint`` is the dataset's content hash (:attr:`DataIndex.fingerprint`): the same settings
-        over an edited file are a different store, never reused and never mixed into a resume."""
+        over an edited file are a different store, never reused and never mixed into a resume. ``shard_size``
+        is the store's resolved examples per shard (its layout's): ``extract.shard_size: auto`` and the number
+        it resolves to give one key, the key a store made with that number has (before ``auto`` existed, 128)."""
         d = self.to_dict()
+        if shard_size is not None:
+            d["extract"]["shard_size"] = int(shard_size)
         keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
         keep["data_content"] = data_fingerprint
         # where and in which batches maps are computed does not change them (tested: batch invariance)

@@ -186,6 +186,8 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
 
         check_base(cfg.extract.attention_base, devices.extract.device)
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)
+    if cfg.extract.shard_size == "auto":
+        layout = _resumed_shard_size(cfg, layout, data.fingerprint)
     ctx = RunContext(
         run_dir=cfg.run_dir,
         job=cfg.to_dict(),
@@ -193,7 +195,7 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         data=data,
         model=info,
         layout=layout,
-        key=cfg.extraction_key(data.fingerprint),
+        key=cfg.extraction_key(data.fingerprint, layout.shard_size),
         devices=devices,
         seed=cfg.runtime.seed,
         stages=tuple(stages),
@@ -206,6 +208,27 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
     _check_requirements(ctx, built)
     ctx.timings["preflight"] = time.perf_counter() - t0
     return RunPlan(ctx, built)
+
+
+def _resumed_shard_size(cfg: JobConfig, layout, fingerprint: str):
+    """``extract.shard_size: auto``: a store of this job made with another number of examples per shard (an
+    explicit one, or 128, the default before ``auto``) keeps its own, so the run resumes it rather than refusing
+    it as another job's: the shard size changes where the rows are chunked, not what they hold."""
+    from dataclasses import asdict, replace
+
+    from rapids_attn.store.zarr_store import stored_key_and_layout
+
+    found = stored_key_and_layout(cfg.run_dir / "store.zarr")
+    if found is None:
+        return layout
+    key, stored = found
+    size = stored.get("shard_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1 or size == layout.shard_size:
+        return layout
+    theirs = replace(layout, shard_size=size)
+    if key == cfg.extraction_key(fingerprint, size) and stored == asdict(theirs):
+        return theirs
+    return layout
 
 
 def _check_run_dir(ctx: RunContext) -> None:

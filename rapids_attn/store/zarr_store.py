@@ -213,6 +213,19 @@ def inspect_store(path: Path, key: str, layout: StoreLayout) -> str:
     return "same" if old_key == key and attrs.get(Attr.LAYOUT) == asdict(layout) else "different"
 
 
+def stored_key_and_layout(path: Path) -> tuple[str, dict] | None:
+    """An existing, complete store's extraction key and layout (as its attributes hold them), or None where
+    there is none or it cannot be read (:func:`inspect_store` says why, later)."""
+    try:
+        if not (path / "zarr.json").is_file():
+            return None
+        attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+    except Exception:  # noqa: BLE001 - unreadable: inspect_store refuses it with the reason
+        return None
+    key, layout = attrs.get(Attr.EXTRACTION_KEY), attrs.get(Attr.LAYOUT)
+    return (key, layout) if isinstance(key, str) and isinstance(layout, dict) else None
+
+
 def foreign_store_error(path: Path) -> StoreError:
     return StoreError(
         f"{path}: holds the store of a different job (the dataset's content, or the data, model, extract, embed or "

@@ -27,6 +27,11 @@ CASES = [
     ("limit-true", ["data.limit=true"], [], "", "data.limit:"),
     ("sample-false", ["data.sample=false"], [], "", "data.sample:"),
     ("shard-size-true", ["extract.shard_size=true"], [], "", "extract.shard_size:"),
+    # one message, naming the field as the user wrote it and saying that auto is allowed
+    ("shard-size-word", ["extract.shard_size=big"], [], "", "extract.shard_size: must be a positive whole number"),
+    ("shard-size-half", ["extract.shard_size=1.5"], [], "", "extract.shard_size: must be a positive whole number"),
+    ("shard-size-zero", ["extract.shard_size=0"], [], "", "of examples or auto (got 0)"),
+    ("shard-size-list", ["extract.shard_size=[64]"], [], "", "extract.shard_size: must be a positive whole number"),
     ("n-clusters-true", ["cluster.n_clusters=true"], [], "", "cluster.n_clusters:"),
     ("fit-sample-true", ["reduce.fit_sample=true"], [], "", "reduce.fit_sample:"),
     ("pca-components-true", ["reduce.pca_components=true"], [], "", "reduce.pca_components:"),

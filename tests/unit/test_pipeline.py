@@ -224,3 +224,31 @@ def test_a_store_left_inconsistent_is_one_line_with_the_fix_never_a_key_error(
     assert _snapshot(store) == before
     assert main([str(p), "--overwrite"]) == 0
     assert zarr.open_group(str(store), mode="r")["shards_done"][:].all()
+
+
+def test_shard_size_auto_resumes_a_store_made_with_a_number(tmp_path, tiny_bert_dir, pair_data):
+    """A store made with an explicit shard size (or with 128, the default before ``auto``) is this job's store
+    under ``auto`` too: the run reuses it with its own shard size instead of refusing it as another job's. A
+    store of another job (another model setting) is still refused, whatever its shard size."""
+    from rapids_attn.errors import StoreError
+    from rapids_attn.pipeline import preflight
+
+    made = load_job(None, raw=make_job(tmp_path, tiny_bert_dir, pair_data, extract={"shard_size": 8}))
+    run_job(made, ("extract",))  # 20 examples in shards of 8, where auto would give 16
+    auto = load_job(None, raw=make_job(tmp_path, tiny_bert_dir, pair_data, extract={"shard_size": "auto"}))
+    ctx = preflight(auto, ("extract",)).ctx
+    assert ctx.layout.shard_size == 8 and ctx.key == preflight(made, ("extract",)).ctx.key
+    out = run_job(auto, ("extract",))
+    assert out["extract"]["resumed"] is True and out["extract"]["shards_run"] == 0
+    # a fresh directory: auto gives its own size, and the key is that of the same number given explicitly
+    fresh = tmp_path / "fresh"
+    a = load_job(None, raw=make_job(fresh, tiny_bert_dir, pair_data, extract={"shard_size": "auto"}))
+    n = load_job(None, raw=make_job(fresh, tiny_bert_dir, pair_data, extract={"shard_size": 16}))
+    ca, cn = preflight(a, ("extract",)).ctx, preflight(n, ("extract",)).ctx
+    assert ca.layout.shard_size == cn.layout.shard_size == 16 and ca.key == cn.key
+    # another job's store is not adopted: another image size changes the key at any shard size
+    other = load_job(
+        None, raw=make_job(tmp_path, tiny_bert_dir, pair_data, extract={"shard_size": "auto", "image_size": 16})
+    )
+    with pytest.raises(StoreError, match="different job"):
+        run_job(other, ("extract",))
