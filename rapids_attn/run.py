@@ -147,11 +147,21 @@ def unwritable(exc: BaseException) -> OSError | None:
 
 
 def fail(message: str, code: int, verbose: bool) -> int:
-    """Report a failure: the traceback first with -v, then the one line."""
+    """Report a failure: the traceback first with -v, then the one line; the workers' fork server, if this run
+    started one, is ended (:func:`end_worker_server`)."""
+    end_worker_server()
     if verbose:
         traceback.print_exc()
     print(message, file=sys.stderr, flush=True)
     return code
+
+
+def end_worker_server() -> None:
+    """A job that ends early ends the fork server it started (``start_workers_server_early``): one still importing
+    torch would hold the job's output streams open for seconds after its exit."""
+    runtime = sys.modules.get("rapids_attn.runtime")  # not imported: no server was started
+    if runtime is not None:
+        runtime.stop_worker_server()
 
 
 def overrides_in_order(argv: list[str]) -> list[str]:
@@ -237,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.verbose,
             )
         if full is None:
+            end_worker_server()
             raise  # an internal failure: its traceback, exit 1
         where = full.filename or (cfg.run_dir if cfg is not None else "the run directory")
         return fail(

@@ -153,6 +153,42 @@ WORKER_MODULES = (
     "rapids_attn._fork_ready",  # last: freezes what the others imported
 )
 
+#: the thread variables as the user set them, read when this module is first imported: before any local cluster,
+#: whose nannies write OMP_NUM_THREADS=1 and the like into this process's own environment while it runs (a
+#: library that starts its thread pool then, scikit-learn's OpenMP, would keep one thread in this process)
+_USER_THREAD_ENV = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def job_threads() -> dict[str, int]:
+    """Threads for the fits this process runs itself, by threadpoolctl's API names: what the user's environment
+    set (``OMP_NUM_THREADS``; ``OPENBLAS_NUM_THREADS`` or ``MKL_NUM_THREADS`` for BLAS), else one per CPU this
+    process may run on."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    def given(*names: str) -> int:
+        for name in names:
+            v = (_USER_THREAD_ENV.get(name) or "").strip()
+            if v.isdigit() and int(v) > 0:
+                return int(v)
+        return cpus
+
+    return {
+        "openmp": given("OMP_NUM_THREADS"),
+        "blas": given("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"),
+    }
+
+
+@contextlib.contextmanager
+def job_threadpools():
+    """The OpenMP and BLAS thread pools of the libraries this process has loaded set to :func:`job_threads`, on
+    entering (threadpoolctl), and put back on leaving: a full run's fits then use the threads a run of the learn
+    stage alone uses, whatever a running cluster put into the environment when the library was loaded."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=job_threads()):
+        yield
+
+
 _server_env: dict[str, str] | None = None  # the environment the fork server of this process was started with
 _server_pid: int | None = None  # and its process id: a server started again by another (distributed) is not ours
 
@@ -210,6 +246,29 @@ def start_worker_server(cfg) -> bool:
         return False
     _server_env, _server_pid = env, getattr(forkserver._forkserver, "_forkserver_pid", None)
     return True
+
+
+def stop_worker_server() -> None:
+    """End the fork server this process started (:func:`start_worker_server`), when the job ends early (bad
+    input, Ctrl-C, a failure). A server still importing its modules blocks SIGINT and would only notice the job's
+    exit once its imports end, seconds later, holding the job's output streams open all that while (a shell
+    pipe or ``$(...)`` waits for it); SIGTERM ends it at once. Workers forked from it are separate processes,
+    closed with their cluster before this runs."""
+    global _server_env, _server_pid
+    pid, _server_pid, _server_env = _server_pid, None, None
+    if pid is None:
+        return
+    from multiprocessing import forkserver
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) == pid:
+        # multiprocessing's own stop: closes its end, reaps the server and forgets it (a later job starts anew)
+        with contextlib.suppress(Exception):  # a private method: the server is ended either way
+            forkserver._forkserver._stop()
+            return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, 0)  # no zombie while this process lives on (tests, the API)
 
 
 class IgnoreSigint(WorkerPlugin):

@@ -274,3 +274,37 @@ def test_the_workers_server_starts_as_soon_as_the_job_is_read(
     assert main([str(job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))), *argv]) == 0
     want = [] if "--check" in argv else ["run_job"]
     assert calls == (["server"] if started else []) + want
+
+
+def _fork_servers() -> set[int]:
+    """The multiprocessing fork servers running on this machine (their command line names the module)."""
+    found = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"multiprocessing.forkserver" in cmd:
+                found.add(int(d.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table from /proc")
+def test_a_job_that_ends_early_ends_the_fork_server_it_started(tmp_path, tiny_bert_dir, pair_data):
+    """The fork server starts as soon as the job is read and imports torch with SIGINT blocked; a job refused
+    after that (a bad stage name here) ends it before exiting, so no server is left importing while holding the
+    job's output pipe."""
+    job = make_job(tmp_path, tiny_bert_dir, pair_data, runtime={"processes": True, "n_workers": 1})
+    before = _fork_servers()
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as f:  # a file, not a pipe: waiting for the job's exit, not for the pipe's last writer
+        p = subprocess.Popen(
+            [sys.executable, "-m", "rapids_attn.run", str(job_file(tmp_path, job)), "--stages", "extract,bogus"],
+            stdout=f,
+            stderr=f,
+        )
+        assert p.wait(timeout=120) == 2
+    left = _fork_servers() - before  # at the job's exit: none of its own is left
+    assert "--stages: unknown stage 'bogus'" in err.read_text(), err.read_text()
+    assert not left
