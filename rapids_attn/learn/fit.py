@@ -90,9 +90,16 @@ def import_estimators() -> None:
 
 
 def _kmeans_fit(backend: LearnBackend, z, k: int, seed: int) -> tuple[np.ndarray, float]:
-    """One KMeans fit of ``z``: its labels (int32, on the host) and inertia. A worker's task, or run here."""
-    km = backend.kmeans(k, seed)
-    labels = km.fit_predict(z)
+    """One KMeans fit of ``z``: its labels (int32, on the host) and inertia. A worker's task, or run here.
+
+    On one thread wherever it runs: scikit-learn's KMeans rounds differently on one and on several threads (the
+    labels of a few thousand maps differed in 4 of 50 fits), and a worker runs one thread, so the k sweep and the
+    stability figures are the same whether the workers or this process fit them."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        km = backend.kmeans(k, seed)
+        labels = km.fit_predict(z)
     return backend.to_numpy(labels).astype(np.int32), float(km.inertia_)
 
 

@@ -6,6 +6,7 @@ It reads ``features`` and writes ``reduced``, ``coords`` and ``cluster``; the fi
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -142,15 +143,23 @@ class LearnStage(Stage):
 
         g = zarr.open_group(str(ctx.store_path), mode="r+")
         self.require_complete(g, ctx.store_path)
-        info = fit_store(
-            g,
-            self.reduce_cfg,
-            self.cluster_cfg,
-            ctx.devices.learn,
-            self.seed,
-            client,
-            multi_gpu=ctx.devices.multi_gpu_learn,
-        )
+        threads = contextlib.nullcontext()
+        if not ctx.devices.learn.gpu:  # this process's own fits on the user's threads (runtime.job_threadpools)
+            from rapids_attn.learn.fit import import_estimators
+            from rapids_attn.runtime import job_threadpools
+
+            import_estimators()  # loaded first: threadpoolctl sets the pools of the libraries loaded
+            threads = job_threadpools()
+        with threads:
+            info = fit_store(
+                g,
+                self.reduce_cfg,
+                self.cluster_cfg,
+                ctx.devices.learn,
+                self.seed,
+                client,
+                multi_gpu=ctx.devices.multi_gpu_learn,
+            )
         consolidate(ctx.store_path)
         for w in info.get("warnings", []):  # e.g. HDBSCAN left every map as noise (fit.noise_warnings)
             print(f"warning: {w}", file=sys.stderr)

@@ -1,6 +1,11 @@
 """KMeans's dependence on its seed, measured and reported: the fit's labels against refits with other
 seeds (ARI), and the k sweep's auto pick preferring the k whose clusters do not move with the seed."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from helpers import learn, planted_store
@@ -94,3 +99,87 @@ def test_the_sweeps_silhouette_is_scikit_learns(n, k):
     assert fit_mod.silhouette_precomputed(dist, labels) == pytest.approx(want, abs=1e-6)
     with pytest.raises(ValueError, match="Number of labels"):
         fit_mod.silhouette_precomputed(dist, np.arange(len(x)))
+
+
+def _openmp_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp"]
+
+
+def test_the_extra_kmeans_fits_run_on_one_thread_wherever_they_run(monkeypatch):
+    """scikit-learn's KMeans rounds differently on one and on several threads, and a worker has one: the extra fits
+    (the k sweep's, the stability refits) take one here too, so a run of the learn stage alone reports what the
+    whole run, whose workers fitted them, reported."""
+    from threadpoolctl import threadpool_limits
+
+    fit_mod.import_estimators()
+    seen = []
+
+    class Spy:
+        inertia_ = 1.0
+
+        def fit_predict(self, z):
+            seen.append(_openmp_threads())
+            return np.zeros(len(z), dtype=np.int64)
+
+    backend = resolve_learn_backend("cpu")
+    monkeypatch.setattr(backend, "kmeans", lambda k, seed: Spy())
+    with threadpool_limits(limits=2):  # this process's own pool: two threads
+        assert set(_openmp_threads()) == {2}
+        labels, _ = fit_mod._kmeans_fit(backend, np.zeros((5, 2), np.float32), 2, 0)
+        assert set(_openmp_threads()) == {2}  # put back after the fit
+    assert seen and set(seen[0]) == {1} and labels.dtype == np.int32
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell one thread from the user's")
+def test_the_job_process_fits_on_the_users_threads_whatever_the_cluster_set():
+    """A local cluster's nannies put OMP_NUM_THREADS=1 into the job process's environment while it runs; an
+    OpenMP library loaded then (scikit-learn's, imported while extract's last shards run) starts with one thread.
+    The learn stage's own fits run under ``runtime.job_threadpools``: the threads the user's environment gives."""
+    code = (
+        "import os, json\n"
+        "os.environ.pop('OMP_NUM_THREADS', None)\n"
+        "import rapids_attn.runtime as rt\n"
+        "os.environ['OMP_NUM_THREADS'] = '1'  # as a running cluster leaves it\n"
+        "import sklearn.cluster\n"
+        "from threadpoolctl import threadpool_info\n"
+        "def omp(): return sorted({i['num_threads'] for i in threadpool_info() if i['user_api'] == 'openmp'})\n"
+        "before = omp()\n"
+        "with rt.job_threadpools():\n"
+        "    inside = omp()\n"
+        "print(json.dumps([before, inside, omp(), len(os.sched_getaffinity(0))]))\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    }
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before, inside, after, cpus = json.loads(r.stdout.strip().splitlines()[-1])
+    assert before == [1] and inside == [cpus] and after == [1]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell one thread from the user's")
+def test_the_learn_stage_fits_under_the_users_threads(tmp_path, monkeypatch, tiny_bert_dir, pair_data):
+    """The learn stage enters ``job_threadpools`` around its fit: a pool left at one thread (as a library loaded
+    while the cluster ran gets it) is set to the user's threads for the fit."""
+    from helpers import make_job
+    from threadpoolctl import threadpool_limits
+
+    from rapids_attn import runtime
+    from rapids_attn.job import load_job
+    from rapids_attn.pipeline import run_job
+
+    monkeypatch.setattr(runtime, "_USER_THREAD_ENV", {})  # the user set nothing: one thread per CPU
+    seen, real = [], fit_mod.fit_store
+
+    def spy(*a, **k):
+        seen.append(_openmp_threads())
+        return real(*a, **k)
+
+    monkeypatch.setattr(fit_mod, "fit_store", spy)
+    cfg = load_job(None, raw=make_job(tmp_path, tiny_bert_dir, pair_data))
+    fit_mod.import_estimators()
+    with threadpool_limits(limits=1):
+        run_job(cfg, ("extract", "learn"))
+    assert len(seen) == 1 and set(seen[0]) == {len(os.sched_getaffinity(0))}  # every OpenMP library loaded
