@@ -7,7 +7,7 @@ default shard size (`auto`: 64 for 500 questions), the report off and the releva
 is the wall clock from launching ``python -m rapids_attn.run`` to its exit: process start, preflight, worker
 start, model loading, extract, learn and explain all count.
 
-The bare forwards run in their own processes, one per attention (``eager``, ``sdpa``), on the same questions
+The bare forwards run in their own processes, one per attention (``eager``, ``sdpa``; ``--forwards`` picks), on the same questions
 tokenized the same way (the job's tokenizer and max_length), in the job's batches (its shards of
 ``extract.shard_size`` questions, each grouped by the extractor's least-cost rule under its token budget), with torch on every core (``torch.set_num_threads(os.cpu_count())``) and inference mode: the
 model's forward and nothing else, timed from the first batch to the last (model loading excluded). Each
@@ -199,6 +199,13 @@ def main(argv=None) -> int:
         metavar="KEY=VALUE",
         help="change a job field (YAML value), e.g. --set cluster.k_sweep=null: what one phase costs",
     )
+    ap.add_argument(
+        "--forwards",
+        nargs="+",
+        choices=["eager", "sdpa"],
+        default=["eager", "sdpa"],
+        help="which bare forwards to run beside the job (both by default; eager alone halves a long run's time)",
+    )
     ap.add_argument("--bare", default=None, help=argparse.SUPPRESS)
     ap.add_argument(
         "--in-process",
@@ -252,7 +259,7 @@ def main(argv=None) -> int:
             "extract": cfg.extract.model_dump(mode="json"),
             "max_length": info.max_length,
         }
-        bare: dict[str, list[dict]] = {"eager": [], "sdpa": []}
+        bare: dict[str, list[dict]] = {att: [] for att in dict.fromkeys(args.forwards)}
         for att, runs in bare.items():
             runs.append(run_bare({**spec, "attention": att}))
             print(f"  bare {att} forward: {runs[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)

@@ -141,8 +141,8 @@ def test_job_level_benchmark_smoke(tmp_path):
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_forward_ratio_benchmark_smoke(tmp_path):
     """python -m benchmarks.forward_ratio at 3 questions: the job and both bare forwards (each before and
-    after it) run on the same questions, the ratios are bare / job, and the phases are printed; --in-process
-    times the three cases in one process."""
+    after it) run on the same questions, the ratios are bare / job, and the phases are printed; --forwards
+    eager runs that one alone; --in-process times the three cases in one process."""
 
     def bench(*args):
         return subprocess.run(
@@ -165,6 +165,12 @@ def test_forward_ratio_benchmark_smoke(tmp_path):
         mean = sum(r["seconds"] for r in runs) / 2
         assert R["ratios"][att] == pytest.approx(mean / R["job"]["wall"])
     assert "| worker start (LocalCluster) |" in p.stdout and "cluster.k_sweep=null" in p.stdout
+    # --forwards eager: the eager forward alone beside the job (a long run's time halved)
+    p = bench("--set", "cluster.k_sweep=null", "--forwards", "eager", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    R = json.loads(out.read_text())
+    assert set(R["bare"]) == set(R["ratios"]) == {"eager"} and len(R["bare"]["eager"]) == 2
+    assert "| bare eager forward" in p.stdout and "| bare sdpa forward" not in p.stdout
     p = bench("--in-process")
     assert p.returncode == 0, p.stderr[-3000:]
     assert all(f"| {case} |" in p.stdout for case in ("bare eager", "bare sdpa", "blocked capture"))
