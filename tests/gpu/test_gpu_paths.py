@@ -43,10 +43,14 @@ def test_extraction_on_cuda_matches_cpu(tmp_path, tiny_bert_dir, pair_data):
 def test_backbone_embedder_half_precision_on_cuda():
     import torch
 
+    from rapids_attn.devices import ExtractDevices
     from rapids_attn.embed.backbone import BackboneEmbedder
 
-    emb = BackboneEmbedder("resnet18", "random", 64, 256, "cuda")
-    assert emb.dtype == torch.float16
+    # embed.precision auto resolves to float16 on a worker that sees a GPU, and the embedder takes it as given
+    resolved = ExtractDevices("cuda").on_this_worker()
+    assert resolved.embed_precision == "float16"
+    emb = BackboneEmbedder("resnet18", "random", 64, 256, resolved.device, precision=resolved.embed_precision)
+    assert emb.dtype == torch.float16 and next(emb.net.parameters()).dtype == torch.float16
     out = emb(torch.rand(300, 32, 32, device="cuda"))
     assert out.shape == (300, 512) and out.device.type == "cuda" and torch.isfinite(out).all()
 
