@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import CORPUS, bpe_tokenizer, save_tiny_llama, tiny_bert_config, write_jsonl
 
+#: the time budget's report at the end of every run (tests/timebudget.py); pytester runs the suite's own checks
+pytest_plugins = ["timebudget", "pytester"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
