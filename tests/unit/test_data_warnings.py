@@ -35,7 +35,7 @@ def _squad(path, articles=8, per_article=5):
 
 
 def _job(tmp_path, model, data, **data_settings):
-    raw = make_job(tmp_path, model, data)
+    raw = make_job(tmp_path, model, data, explain={"report": True})
     raw["data"] = {"path": str(data), "format": "squad", **data_settings}
     return load_job(None, raw=raw)
 

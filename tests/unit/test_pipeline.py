@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import zarr
-from helpers import make_job
+from helpers import FULL_REPORT, make_job
 
 import rapids_attn.extract.shard as shard_mod
 from rapids_attn.job import load_job
@@ -16,8 +16,8 @@ from rapids_attn.store.zarr_store import write_shard
 ARRAYS = ("features", "stats", "thumbnails", "seq_len", "truncated")
 
 
-def _job(tmp_path, model, data, name):
-    return load_job(None, raw=make_job(tmp_path / name, model, data))
+def _job(tmp_path, model, data, name, **sections):
+    return load_job(None, raw=make_job(tmp_path / name, model, data, **sections))
 
 
 def test_interrupted_extraction_resumes_to_the_same_store(tmp_path, tiny_bert_dir, pair_data, monkeypatch):
@@ -60,7 +60,7 @@ def test_interrupted_extraction_resumes_to_the_same_store(tmp_path, tiny_bert_di
 def test_outputs_maps_table_summary_and_xarray(tmp_path, tiny_bert_dir, pair_data):
     import xarray as xr
 
-    cfg = _job(tmp_path, tiny_bert_dir, pair_data, "full")
+    cfg = _job(tmp_path, tiny_bert_dir, pair_data, "full", explain=FULL_REPORT)
     summary = run_job(cfg)
     run = cfg.run_dir
     t = pq.read_table(run / "maps.parquet").to_pandas()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import make_job
+from helpers import FULL_REPORT, make_job
 
 from rapids_attn.run import main
 from rapids_attn.rundir import MARKER, OWN_NAMES, RunDirError, check_run_dir, mark_run_dir, read_marker
@@ -104,7 +104,7 @@ def test_a_lock_file_holding_something_else_is_not_taken_for_ours(tmp_path):
 @pytest.fixture
 def job_path(tmp_path, tiny_bert_dir, pair_data) -> Path:
     p = tmp_path / "job.yaml"
-    p.write_text(yaml.safe_dump(make_job(tmp_path, tiny_bert_dir, pair_data)))
+    p.write_text(yaml.safe_dump(make_job(tmp_path, tiny_bert_dir, pair_data, explain=FULL_REPORT)))
     return p
 
 

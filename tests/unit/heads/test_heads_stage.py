@@ -39,7 +39,7 @@ def heads_run(tmp_path_factory, tiny_bert_dir):
         for i in range(16)
     ]
     data = write_jsonl(tmp / "pairs.jsonl", rows)
-    cfg = load_job(None, raw=make_job(tmp, tiny_bert_dir, data, heads=HEADS))
+    cfg = load_job(None, raw=make_job(tmp, tiny_bert_dir, data, heads=HEADS, explain={"report": True}))
     summary = run_job(cfg)
     return cfg, summary
 

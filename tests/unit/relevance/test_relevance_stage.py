@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from helpers import make_job
+from helpers import FULL_REPORT, make_job
 
 from rapids_attn.job import load_job
 from rapids_attn.pipeline import _index_data, default_stages, parse_stages, run_job
@@ -32,7 +32,7 @@ def relevance_run(tmp_path_factory, tiny_bert_dir):
         for i in range(12)
     ]
     data = write_jsonl(tmp / "pairs.jsonl", rows)
-    cfg = load_job(None, raw=make_job(tmp, tiny_bert_dir, data, relevance=RELEVANCE))
+    cfg = load_job(None, raw=make_job(tmp, tiny_bert_dir, data, relevance=RELEVANCE, explain=FULL_REPORT))
     return cfg, run_job(cfg)
 
 
