@@ -25,27 +25,30 @@ import torch
 
 
 def _xlogx(p: torch.Tensor) -> torch.Tensor:
-    return torch.where(p > 0, p * torch.log(p.clamp_min(1e-300)), torch.zeros_like(p))
+    """p log p, 0 where p = 0: one fused kernel (``torch.xlogy``), the JS loop's inner cost."""
+    return torch.xlogy(p, p)
 
 
 def js_sums(attn: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
     """attn [B, N, T, T] (N heads, any layers; rows are queries), lengths [B] -> (sums [N, N] float64:
     the Jensen-Shannon divergence of each pair of heads summed over the valid query rows, rows: how many
-    rows were summed). Padded keys must carry no mass (as a padding mask makes them)."""
+    rows were summed). Padded keys must carry no mass (as a padding mask makes them); padded query rows
+    (past each example's length) are never read, whatever they hold: the valid rows are gathered once,
+    [B, N, T, T] -> [R, N, T], and only they enter the pairwise loop."""
     n, t = attn.shape[1], attn.shape[-1]
-    a = attn if attn.dtype == torch.float64 else attn.float()  # float32 maps stay float32: half the memory
-    rows = torch.arange(t, device=a.device)[None, :] < lengths.to(a.device)[:, None]  # [B, T]
-    w = rows.to(a.dtype)[:, None, :]  # [B, 1, T]
-    neg_h = _xlogx(a).sum(-1)  # [B, N, T]: -entropy of each head's row
+    rows = torch.arange(t, device=attn.device)[None, :] < lengths.to(attn.device)[:, None]  # [B, T]
+    a = attn.transpose(1, 2)[rows]  # [R, N, T]: each valid query row of each example, all heads
+    a = a if a.dtype == torch.float64 else a.float()  # float32 maps stay float32: half the memory
+    neg_h = _xlogx(a).sum(-1)  # [R, N]: -entropy of each head's row
     out = torch.zeros(n, n, dtype=torch.float64, device=a.device)
     for i in range(n):
-        m = 0.5 * (a[:, i : i + 1] + a[:, i:])  # [B, N - i, T, T]
+        m = 0.5 * (a[:, i : i + 1] + a[:, i:])  # [R, N - i, T]
         js = 0.5 * (neg_h[:, i : i + 1] + neg_h[:, i:]) - _xlogx(m).sum(-1)  # H(M) - (H(P) + H(Q)) / 2
-        s = (js.clamp_min(0.0) * w).sum((0, 2)).double()
+        s = js.clamp_min(0.0).sum(0, dtype=torch.float64)  # [N - i]
         out[i, i:] = s
         out[i:, i] = s
     out.fill_diagonal_(0.0)
-    return out, int(rows.sum())
+    return out, a.shape[0]
 
 
 class HeadDistance:

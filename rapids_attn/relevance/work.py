@@ -1,6 +1,8 @@
 """The relevance stage's worker side: one Dask task per shard of the evaluated examples.
 
-For each batch it runs the model once with eager attention, keeps every layer's maps, and computes:
+The shard's examples are batched in order of token length (each batch padded only to its own longest
+input) and every output is put back in the shard's order. For each batch it runs the model once with
+eager attention, keeps every layer's maps, and computes:
 
 - each method's token relevance (:mod:`.methods`) for the query row (``auto``: the last token where the
   attention is causal, as the extract stage probes it, else the first);
@@ -57,6 +59,8 @@ class RelevanceTask:
     pagerank_heads: tuple[int, ...] | None
     atlas: bool
     key: str = ""
+    #: batch the examples in order of token length (less padding); off: in the order they came
+    sort_by_length: bool = True
 
 
 @dataclass
@@ -70,6 +74,8 @@ class RelevanceResult:
     query: str = ""  # the query row used ("auto" resolved)
     seconds: float = 0.0
     device: str = ""
+    #: tokens the model ran on, padding included: the sum over batches of batch size x its longest input
+    padded_tokens: int = 0
 
 
 def answer_tokens(example: Example, enc, b: int) -> np.ndarray:
@@ -144,28 +150,43 @@ class RelevanceWorker:
         pooled = (hidden * w).sum(1) / w.sum(1).clamp_min(1)
         return 0.5 * (pooled**2).sum()
 
+    def _token_lengths(self, texts: list[str], pairs: list[str] | None, max_length: int) -> np.ndarray:
+        """[N] each input's token count as a batch's tokenizer call makes it (same truncation), unpadded."""
+        enc = self.tokenizer(texts, pairs, truncation=True, max_length=max_length)
+        return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
+
     def run(self, task: RelevanceTask) -> RelevanceResult:
+        """The task's examples in batches of ``task.batch_size``, taken in order of token length (stable: equal
+        lengths keep their order) unless ``task.sort_by_length`` is off (arrival order), so that a batch is
+        padded to a length near its own inputs'. Every per-example output is put back at the example's place
+        in ``task.examples``: the result is the same whichever order the batches ran in (to float rounding)."""
         from rapids_attn.relevance import methods as M
         from rapids_attn.relevance.atlas import HeadDistance
 
         t0 = time.perf_counter()
         ex = list(task.examples)
         query = task.query if task.query != "auto" else ("last" if self.causal else "first")
-        rel, roles, lengths = [], [], []
+        texts = [e.text for e in ex]
+        pairs = [e.text_pair for e in ex] if all(e.text_pair is not None for e in ex) else None
+        if task.sort_by_length:
+            order = np.argsort(self._token_lengths(texts, pairs, task.max_length), kind="stable")
+        else:
+            order = np.arange(len(ex))
+        parts = []  # (positions in ex, relevance [B, M, T_b], roles [B, T_b], lengths [B]) per batch
         dist = HeadDistance() if task.atlas else None
-        skipped = 0
+        skipped = padded = 0
         with self.lock:
             for i in range(0, len(ex), task.batch_size):
-                batch = ex[i : i + task.batch_size]
-                pair = [e.text_pair for e in batch] if all(e.text_pair is not None for e in batch) else None
+                idx = order[i : i + task.batch_size]
+                batch = [ex[j] for j in idx]
                 enc = self.tokenizer(
-                    [e.text for e in batch],
-                    pair,
+                    [texts[j] for j in idx],
+                    None if pairs is None else [pairs[j] for j in idx],
                     truncation=True,
                     max_length=task.max_length,
                     padding=True,
                     return_tensors="pt",
-                    return_offsets_mapping=pair is not None,
+                    return_offsets_mapping=pairs is not None,
                     return_special_tokens_mask=True,
                 )
                 inputs = {
@@ -174,6 +195,7 @@ class RelevanceWorker:
                     if k not in ("offset_mapping", "special_tokens_mask", "overflow_to_sample_mapping")
                 }
                 mask = inputs["attention_mask"]
+                padded += mask.numel()
                 n = mask.sum(1)
                 need_grad = "grad_rollout" in task.methods
                 with torch.set_grad_enabled(need_grad):
@@ -211,7 +233,7 @@ class RelevanceWorker:
                 bits = np.zeros(tuple(mask.shape), np.uint8)
                 bits |= enc["special_tokens_mask"].numpy().astype(np.uint8) * SPECIAL
                 bits |= torch.isin(inputs["input_ids"], self.punct_ids).cpu().numpy().astype(np.uint8) * PUNCT
-                if pair is not None:
+                if pairs is not None:
                     for b, e in enumerate(batch):
                         seq = enc.sequence_ids(b)
                         bits[b] |= np.array([s == 1 for s in seq], np.uint8) * SECOND
@@ -219,17 +241,19 @@ class RelevanceWorker:
                 bits *= valid.numpy()
                 if dist is not None:
                     dist.update(atts, n)
-                rel.append(rb.numpy())
-                roles.append(bits)
-                lengths.append(n.cpu().numpy())
-        t = max(r.shape[-1] for r in rel)
-        relevance = np.concatenate(
-            [np.pad(r, ((0, 0), (0, 0), (0, t - r.shape[-1])), constant_values=np.nan) for r in rel]
-        )
-        role = np.concatenate([np.pad(r, ((0, 0), (0, t - r.shape[-1]))) for r in roles])
+                parts.append((idx, rb.numpy(), bits, n.cpu().numpy()))
+        # back to the examples' own order: each batch's rows at their places, padded to the longest input
+        t = max(r.shape[-1] for _, r, _, _ in parts)
+        relevance = np.full((len(ex), len(task.methods), t), np.nan, np.float32)
+        role = np.zeros((len(ex), t), np.uint8)
+        lengths = np.zeros(len(ex), np.int32)
+        for idx, r, bits, nb in parts:
+            relevance[idx, :, : r.shape[-1]] = r
+            role[idx, : bits.shape[-1]] = bits
+            lengths[idx] = nb
         return RelevanceResult(
-            lengths=np.concatenate(lengths).astype(np.int32),
-            relevance=relevance.astype(np.float32),
+            lengths=lengths,
+            relevance=relevance,
             roles=role,
             distance_sums=None if dist is None else dist.sums,
             distance_rows=0 if dist is None else dist.rows,
@@ -237,6 +261,7 @@ class RelevanceWorker:
             query=query,
             seconds=time.perf_counter() - t0,
             device=self.device,
+            padded_tokens=padded,
         )
 
 
