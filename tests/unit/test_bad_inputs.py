@@ -297,6 +297,7 @@ def test_duplicate_key_in_a_preset_names_the_preset(tmp_path, capsys, tiny_bert_
 def test_merge_keys_may_be_overridden(tmp_path, capsys, tiny_bert_dir, pair_data):
     """Overriding a key a YAML merge (<<) brings in is not a duplicate."""
     job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    del job["explain"]  # given below, by a merge
     p = _job_file(tmp_path, job)
     text = p.read_text().replace("cluster:\n", "cluster: &c\n", 1)
     p.write_text(text + "explain:\n  <<: {report: false, head_views: 1}\n  head_views: 0\n")
@@ -332,6 +333,7 @@ def test_learn_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_
     assert main([str(_job_file(tmp_path, job))]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.slow  # UMAP: numba compiles it on first use, 40 s or more in a fresh process (test_fit's UMAP test too)
 def test_density_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_data):
     """The largest neighbourhoods preflight allows on 80 maps (UMAP 79 neighbours, HDBSCAN min_samples 80 and
     clusters of 40) fit without an error."""

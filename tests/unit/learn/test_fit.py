@@ -47,6 +47,7 @@ def test_density_methods_assign_every_map(tmp_path, method, params):
     assert adjusted_rand_score(truth[keep], labels[keep]) == pytest.approx(1.0)
 
 
+@pytest.mark.slow  # numba compiles UMAP on its first use: 40 s or more in a fresh process, 137 s on a loaded host
 def test_umap_coordinates(tmp_path):
     g, truth = planted_store(tmp_path)
     info = learn(g, **{"reduce.umap.enabled": True, "reduce.umap.n_neighbors": 10})
