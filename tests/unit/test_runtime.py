@@ -5,6 +5,7 @@ import inspect
 import logging
 import os
 import signal
+import time
 
 import pytest
 from distributed import LocalCluster
@@ -199,32 +200,69 @@ def test_a_server_started_with_another_environment_is_not_used(monkeypatch):
     assert start_worker_server(RuntimeConfig(processes=False)) is False  # threads: nothing to fork
 
 
+def _blocked_in_sync(frame) -> bool:
+    """True when ``frame`` (a thread's innermost) is inside ``threading`` and below it, in its chain, the ``wait``
+    that distributed's ``sync`` defines, called from ``sync`` itself: that thread is waiting for the loop, and a
+    KeyboardInterrupt raised there is the one ``sync`` answers by scheduling ``cancel``."""
+    if frame is None or frame.f_globals.get("__name__") != "threading":
+        return False
+    while frame is not None:
+        up = frame.f_back
+        if (
+            frame.f_globals.get("__name__") == "distributed.utils"
+            and frame.f_code.co_name == "wait"
+            and up is not None
+            and up.f_code.co_name == "sync"
+            and up.f_globals.get("__name__") == "distributed.utils"
+        ):
+            return True
+        frame = up
+    return False
+
+
 def _interrupt_sync_before_its_coroutine_starts() -> None:
     """Ctrl-C in distributed's ``sync`` before the loop ran its coroutine: the loop is held busy while
     SIGINT reaches the main thread, so the ``cancel`` that ``sync`` schedules runs before the future
-    exists (the race CI hit: tornado then logs a NameError traceback from distributed's utils.py)."""
+    exists (the race CI hit: tornado then logs a NameError traceback from distributed's utils.py).
+
+    Ordered by state, not by time: SIGINT is sent once the main thread is seen waiting inside ``sync``, and
+    the loop is known to have run ``sync``'s coroutine step and ``cancel`` once a callback queued after them
+    (the loop runs its callbacks first in, first out) has run."""
+    import sys
     import threading
-    import time
 
     from distributed.utils import LoopRunner, sync
 
     runner = LoopRunner(asynchronous=False)
     runner.start()
+    release, drained = threading.Event(), threading.Event()
     try:
-        release = threading.Event()
-        runner.loop.add_callback(release.wait, 10)  # the loop thread waits here: no coroutine starts
+        runner.loop.add_callback(release.wait, 120)  # the loop thread waits here: no coroutine starts
 
         async def work():
             return 1
 
         main = threading.get_ident()
-        threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()
+
+        def interrupt_once_waiting():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not release.is_set():
+                if _blocked_in_sync(sys._current_frames().get(main)):
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=interrupt_once_waiting, daemon=True)
+        watcher.start()
         with pytest.raises(KeyboardInterrupt):
             sync(runner.loop, work)
+        watcher.join()
         release.set()
-        time.sleep(0.5)  # the loop runs the coroutine's first step and then ``cancel``
-        sync(runner.loop, work)  # and is still serving
+        runner.loop.add_callback(drained.set)  # queued after ``sync``'s coroutine and its ``cancel``
+        assert drained.wait(120), "the loop did not run its queued callbacks"
+        assert sync(runner.loop, work) == 1  # and is still serving
     finally:
+        release.set()
         runner.stop()
 
 
@@ -265,6 +303,6 @@ def test_the_sync_race_filter_is_on_while_the_cluster_is_used():
     def on():
         return any(isinstance(f, SyncCancelRace) for f in logging.getLogger("tornado.application").filters)
 
-    with Runtime(RuntimeConfig(processes=False, n_workers=1)):
+    with Runtime(RuntimeConfig(processes=False, n_workers=1, dashboard_address=":0")):
         assert on()
     assert not on()
