@@ -100,9 +100,51 @@ def worker_fault(tmp_path: Path, body: str) -> dict:
     return {"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)])}
 
 
+#: a worker preload under which each worker process writes one shard and holds its later ones (computed, not yet
+#: written: a slow worker) until the release file exists, its worker closes (the job is stopping), or 120 s
+#: pass: a signal sent once a shard is done then lands mid-extraction whatever the machine's speed
+HOLD_AFTER_FIRST_SHARD = """
+import os
+import threading
+import time
+
+import rapids_attn.extract.shard as shard
+
+RELEASE = {release!r}
+
+
+def closing():
+    try:
+        from distributed import get_worker
+
+        return get_worker().status.name not in ("running", "paused")
+    except ValueError:
+        return False
+
+
+if not hasattr(shard, "_held_write_shard"):
+    shard._held_write_shard = shard.write_shard
+    _lock = threading.Lock()
+    _writes = []
+
+    def held_write_shard(path, layout, s, arrays):
+        with _lock:
+            _writes.append(s)
+            first = len(_writes) == 1
+        if not first:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(RELEASE) and not closing() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        shard._held_write_shard(path, layout, s, arrays)
+
+    shard.write_shard = held_write_shard
+"""
+
+
 # -- Ctrl-C and SIGTERM ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sig, to_group, code, line",
     [
@@ -115,8 +157,16 @@ def worker_fault(tmp_path: Path, body: str) -> dict:
 def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_bert_dir, sig, to_group, code, line):
     job = process_job(tmp_path, tiny_bert_dir, n=120, shard_size=1)
     store = tmp_path / "run" / "store.zarr"
+    release = tmp_path / "hold.release"
+    env = worker_fault(tmp_path, HOLD_AFTER_FIRST_SHARD.format(release=str(release)))
     p = subprocess.Popen(
-        cli(job), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cli(job),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **env},
     )
     try:
         deadline = time.monotonic() + 300
@@ -127,6 +177,7 @@ def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_
         # communicate() reads stderr to its end: until the workers, which share it, have exited too
         _, err = p.communicate(timeout=120)
     finally:
+        release.touch()
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == code, err[-3000:]
@@ -139,6 +190,7 @@ def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_
 # -- errors raised on a worker -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_user_error_on_a_worker_is_one_line_without_distributed_logs(tmp_path, tiny_bert_dir):
     job = process_job(tmp_path, tiny_bert_dir)
     env = worker_fault(
@@ -161,6 +213,7 @@ def test_a_user_error_on_a_worker_is_one_line_without_distributed_logs(tmp_path,
     assert r.stderr.strip().splitlines()[-1].startswith("error: model.name: cannot load the weights")
 
 
+@pytest.mark.slow
 def test_an_internal_error_on_a_worker_keeps_its_traceback_without_distributed_logs(tmp_path, tiny_bert_dir):
     job = process_job(tmp_path, tiny_bert_dir)
     env = worker_fault(
@@ -179,6 +232,7 @@ def test_an_internal_error_on_a_worker_keeps_its_traceback_without_distributed_l
 # -- a full disk -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_full_disk_on_a_worker_is_one_line_naming_the_store(tmp_path, tiny_bert_dir):
     """A worker process's write fails with ENOSPC from its second shard on; distributed re-raises it in the
     job process, which names the store and says that rerunning resumes. The rerun does."""

@@ -4,8 +4,11 @@ array for array, to one uninterrupted run of the same job (shared by the module)
 ``maps.parquet``.
 
 Every run is a real ``python -m rapids_attn.run`` in its own session, so a signal reaches the whole
-process group as a terminal's would. Shards are one example each, so a kill lands between shards;
-the tests poll the store's ``shards_done`` to decide when to strike, never a sleep.
+process group as a terminal's would. Shards are one example each, so a kill lands between shards.
+A struck run lands mid-extraction by construction, not by timing: it runs with a worker preload
+(:func:`held_after_first_shard`) under which each of its processes writes one shard and then holds its
+next writes, as a slow worker would, until the test has struck and creates the release file. The tests
+poll the store's ``shards_done`` to decide when to strike, never a sleep.
 """
 
 from __future__ import annotations
@@ -73,8 +76,9 @@ def write_fault_job(tmp: Path, ref_or_model, data: Path | None = None, processes
     return path
 
 
-def start(job: Path, *args: str) -> subprocess.Popen:
-    """The job in a new session (its own process group); stdout and stderr go to files beside the job."""
+def start(job: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """The job in a new session (its own process group); stdout and stderr go to files beside the job;
+    ``env``: variables added to this process's environment."""
     n = len(list(job.parent.glob("out*.txt")))
     out, err = job.parent / f"out{n}.txt", job.parent / f"err{n}.txt"
     with out.open("w") as o, err.open("w") as e:
@@ -85,6 +89,7 @@ def start(job: Path, *args: str) -> subprocess.Popen:
             stderr=e,
             text=True,
             start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
     proc.stderr_path = err  # type: ignore[attr-defined]
     return proc
@@ -97,6 +102,73 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 
 def run(job: Path, *args: str) -> tuple[int, str]:
     return finish(start(job, *args))
+
+
+#: the struck run's worker preload (distributed runs it in every worker, in-process ones included, and may run
+#: it more than once in a process: it wraps ``write_shard`` once). A process's first shard is written as usual;
+#: every later one is computed and then held before its write, polling for the release file, so that the
+#: store keeps at least one shard and at most one per process until the test releases it (or 120 s, a bound for
+#: a broken test, pass). A hold also ends when its worker closes or the job process's main thread has ended
+#: (a Ctrl-C'd job closing its in-process worker): the held shard is then written, as a slow worker's would be.
+HOLD_PRELOAD = """
+import os
+import threading
+import time
+
+import rapids_attn.extract.shard as shard
+
+RELEASE = {release!r}
+
+
+def closing():
+    if not threading.main_thread().is_alive():
+        return True
+    try:
+        from distributed import get_worker
+
+        return get_worker().status.name not in ("running", "paused")
+    except ValueError:
+        return False
+
+
+if not hasattr(shard, "_held_write_shard"):
+    shard._held_write_shard = shard.write_shard
+    _lock = threading.Lock()
+    _writes = []
+
+    def held_write_shard(path, layout, s, arrays):
+        with _lock:
+            _writes.append(s)
+            first = len(_writes) == 1
+        if not first:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(RELEASE) and not closing() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        shard._held_write_shard(path, layout, s, arrays)
+
+    shard.write_shard = held_write_shard
+"""
+
+
+@dataclass
+class Hold:
+    """What a struck run needs: ``env`` for :func:`start`, and :meth:`release` once the test has struck."""
+
+    env: dict
+    path: Path
+
+    def release(self) -> None:
+        self.path.touch()
+
+
+def held_after_first_shard(tmp: Path) -> Hold:
+    """The environment under which each worker process of a run writes one shard and holds the rest until
+    :meth:`Hold.release` (:data:`HOLD_PRELOAD`): a strike after the first shard is done lands mid-extraction
+    whatever the machine's speed. Only the struck run gets it; the run that resumes runs as usual."""
+    release = tmp / "hold.release"
+    preload = tmp / "hold_preload.py"
+    preload.write_text(HOLD_PRELOAD.format(release=str(release)))
+    return Hold({"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)])}, release)
 
 
 def shards_done(run_dir: Path) -> np.ndarray | None:
@@ -118,12 +190,17 @@ def wait_for_shards(proc: subprocess.Popen, run_dir: Path, at_least: int = 1) ->
     pytest.fail(f"no shard was done within {RUN_TIMEOUT}s")
 
 
-def strike_mid_extraction(proc: subprocess.Popen, run_dir: Path, sig: int) -> tuple[int, np.ndarray]:
+def strike_mid_extraction(proc: subprocess.Popen, run_dir: Path, sig: int, hold: Hold) -> tuple[int, np.ndarray]:
     """Send ``sig`` to the job's process group once a shard is done; the exit code and the shards kept,
-    checked to be some but not all (else the fault did not land mid-extraction)."""
+    checked to be some but not all (else the fault did not land mid-extraction). ``proc`` runs under ``hold``
+    (:func:`held_after_first_shard`), released only once the job has ended: nothing is written after the
+    strike but what a closing worker had held."""
     wait_for_shards(proc, run_dir)
     os.killpg(proc.pid, sig)
-    rc, _ = finish(proc)
+    try:
+        rc, _ = finish(proc)
+    finally:
+        hold.release()
     done = shards_done(run_dir)
     assert done is not None and 0 < done.sum() < done.size, f"not mid-extraction: {done}"
     return rc, done
@@ -228,8 +305,9 @@ def test_kill_9_of_the_whole_job_resumes_identically(ref, tmp_path):
     """SIGKILL to the process group (the job and its worker processes) between shards: nothing of the
     group survives, the lock dies with it, and the same command finishes what was left."""
     job = write_fault_job(tmp_path, ref, processes=1)
-    proc = start(job)
-    rc, kept = strike_mid_extraction(proc, tmp_path / "run", signal.SIGKILL)
+    hold = held_after_first_shard(tmp_path)
+    proc = start(job, env=hold.env)
+    rc, kept = strike_mid_extraction(proc, tmp_path / "run", signal.SIGKILL, hold)
     assert rc == -signal.SIGKILL
     deadline = time.monotonic() + 30
     while live_members(proc.pid) and time.monotonic() < deadline:
@@ -256,14 +334,18 @@ def test_kill_9_of_one_worker(ref, tmp_path):
     import psutil
 
     job = write_fault_job(tmp_path, ref, processes=2)
-    proc = start(job)
+    hold = held_after_first_shard(tmp_path)  # each worker writes one shard, then waits for the kill
+    proc = start(job, env=hold.env)
     wait_for_shards(proc, tmp_path / "run")
     # the workers: forks of the fork server (runtime.start_worker_server) or, where there is none, spawned
     workers = [p for p in psutil.Process(proc.pid).children(recursive=True) if _is_worker(p)]
     assert len(workers) == 2, [p.cmdline() for p in workers]
     before = shards_done(tmp_path / "run")
-    workers[0].kill()
-    workers[0].wait(30)
+    try:
+        workers[0].kill()
+        workers[0].wait(30)
+    finally:
+        hold.release()  # the other worker (and a restarted one) go on
     rc, err = finish(proc)
     assert before.sum() < before.size, "the job was done before the worker was killed"
     if rc != 0:
@@ -275,17 +357,20 @@ def test_kill_9_of_one_worker(ref, tmp_path):
 
 def test_two_runs_on_one_directory(ref, tmp_path):
     """A second run while the first holds the directory exits 2 in one line naming the directory and the
-    holder's pid, and the holder's store is identical to the reference. The holder is paused (SIGSTOP to its
-    group) once it is extracting, so that the two runs overlap whatever the machine's speed: started merely
-    together, a fast first run could finish before the second reached the directory."""
+    holder's pid, and the holder's store is identical to the reference. The holder is held after its first
+    shard (:func:`held_after_first_shard`) and paused (SIGSTOP to its group) once it is extracting, so that the
+    two runs overlap whatever the machine's speed: started merely together, a fast first run could finish
+    before the second reached the directory."""
     job = write_fault_job(tmp_path, ref)
-    holder = start(job)
+    hold = held_after_first_shard(tmp_path)
+    holder = start(job, env=hold.env)
     wait_for_shards(holder, tmp_path / "run")
     os.killpg(holder.pid, signal.SIGSTOP)
     try:
         rc, err = run(job)
     finally:
         os.killpg(holder.pid, signal.SIGCONT)
+        hold.release()
     assert rc == 2, err[-2000:]
     line = one_line(err)
     assert str(tmp_path / "run") in line and f"pid {holder.pid}" in line, line
@@ -297,8 +382,9 @@ def test_two_runs_on_one_directory(ref, tmp_path):
 def test_ctrl_c_resumes_identically(ref, tmp_path):
     """SIGINT to the process group, as a terminal's Ctrl-C: the rerun finishes what was left."""
     job = write_fault_job(tmp_path, ref)
-    proc = start(job)
-    rc, _ = strike_mid_extraction(proc, tmp_path / "run", signal.SIGINT)
+    hold = held_after_first_shard(tmp_path)
+    proc = start(job, env=hold.env)
+    rc, _ = strike_mid_extraction(proc, tmp_path / "run", signal.SIGINT, hold)
     assert rc != 0
     rc, err = run(job)
     assert rc == 0, err[-3000:]
@@ -352,8 +438,9 @@ def test_kill_9_then_edit_never_mixes_old_and_new(ref, tmp_path):
     as they were (none of the new data written beside the old)."""
     run_dir = tmp_path / "run"
     job = write_fault_job(tmp_path, ref)
-    proc = start(job)
-    _, kept = strike_mid_extraction(proc, run_dir, signal.SIGKILL)
+    hold = held_after_first_shard(tmp_path)
+    proc = start(job, env=hold.env)
+    _, kept = strike_mid_extraction(proc, run_dir, signal.SIGKILL, hold)
     before = extract_rows(run_dir)
     with edited_data(ref.data):
         rc, err = run(job)
