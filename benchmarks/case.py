@@ -113,6 +113,7 @@ def _job(spec: dict, run_dir: Path):
         f"extract.device={spec.get('device', 'auto')}",
         "explain.report=false",
         "explain.head_views=0",
+        "relevance.enabled=false",  # the quickstart's relevance stage is not part of what the pipeline cases time
         f"extract.shard_size={spec.get('shard_size', 64)}",
         f"store.compression_level={spec.get('level', 3)}",
     ]

@@ -12,6 +12,7 @@ import pytest
 from helpers import REPO, SHARED_SQUAD
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_quick_benchmark_runs_every_case(tmp_path):
     out = tmp_path / "bench.json"
@@ -114,6 +115,7 @@ def test_job_level_extrapolates_from_the_fixed_cost_and_the_per_question_rate():
     assert x["wall"] == 10.0 + 10.0 * 500 and x["low"] < x["wall"] < x["high"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_job_level_benchmark_smoke(tmp_path):
     """python -m benchmarks.job_level at tiny sizes: the job and the baseline both run, on the same
@@ -138,6 +140,7 @@ def test_job_level_benchmark_smoke(tmp_path):
     assert "**extrapolated** to 3 questions" in p.stdout and "### The job's phases" in p.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_forward_ratio_benchmark_smoke(tmp_path):
     """python -m benchmarks.forward_ratio at 3 questions: the job and both bare forwards (each before and
@@ -176,6 +179,7 @@ def test_forward_ratio_benchmark_smoke(tmp_path):
     assert all(f"| {case} |" in p.stdout for case in ("bare eager", "bare sdpa", "blocked capture"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_heads_benchmark_smoke(tmp_path, tiny_bert_dir):
     """python -m benchmarks.heads on a tiny BERT (2 x 2 heads) and 3 sampled questions: every pass runs on
@@ -216,6 +220,7 @@ def test_heads_benchmark_refuses_a_missing_model_in_one_line(tmp_path, capsys, m
     assert len(err) == 1 and err[0].startswith("error: model.name: no such model folder")
 
 
+@pytest.mark.slow
 def test_long_context_benchmark_smoke():
     """python -m benchmarks.long_context at one short length: a row of numbers for all four paths, exit 0."""
     out = subprocess.run(
