@@ -180,3 +180,50 @@ def learn_sections(**overrides):
 def learn(g, backend=None, **overrides) -> dict:
     reduce, cluster = learn_sections(**overrides)
     return fit_store(g, reduce, cluster, backend or resolve_learn_backend("cpu"), seed=0)
+
+
+#: the worker preload of a run the fault tests strike (tests/integration: test_faults.py, test_failures.py), with
+#: ``{release}`` the path of a release file. Distributed runs it in every worker, in-process ones included, and
+#: may run it more than once in a process: it wraps ``write_shard`` once. A process's first shard is written as
+#: usual; every later one is computed and then held before its write, polling for the release file, so that the
+#: store keeps at least one shard and at most one per process until the test releases it (or 120 s, a bound for
+#: a broken test, pass). A hold also ends when its worker closes or the job process's main thread has ended
+#: (a Ctrl-C'd job closing its in-process worker): the held shard is then written, as a slow worker's would be.
+HOLD_PRELOAD = """
+import os
+import threading
+import time
+
+import rapids_attn.extract.shard as shard
+
+RELEASE = {release!r}
+
+
+def closing():
+    if not threading.main_thread().is_alive():
+        return True
+    try:
+        from distributed import get_worker
+
+        return get_worker().status.name not in ("running", "paused")
+    except ValueError:
+        return False
+
+
+if not hasattr(shard, "_held_write_shard"):
+    shard._held_write_shard = shard.write_shard
+    _lock = threading.Lock()
+    _writes = []
+
+    def held_write_shard(path, layout, s, arrays):
+        with _lock:
+            _writes.append(s)
+            first = len(_writes) == 1
+        if not first:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(RELEASE) and not closing() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        shard._held_write_shard(path, layout, s, arrays)
+
+    shard.write_shard = held_write_shard
+"""

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 import zarr
-from helpers import CORPUS, make_job, write_jsonl
+from helpers import CORPUS, HOLD_PRELOAD, make_job, write_jsonl
 
 from rapids_attn.run import INTERRUPTED, TERMINATED, main
 
@@ -100,47 +100,6 @@ def worker_fault(tmp_path: Path, body: str) -> dict:
     return {"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)])}
 
 
-#: a worker preload under which each worker process writes one shard and holds its later ones (computed, not yet
-#: written: a slow worker) until the release file exists, its worker closes (the job is stopping), or 120 s
-#: pass: a signal sent once a shard is done then lands mid-extraction whatever the machine's speed
-HOLD_AFTER_FIRST_SHARD = """
-import os
-import threading
-import time
-
-import rapids_attn.extract.shard as shard
-
-RELEASE = {release!r}
-
-
-def closing():
-    try:
-        from distributed import get_worker
-
-        return get_worker().status.name not in ("running", "paused")
-    except ValueError:
-        return False
-
-
-if not hasattr(shard, "_held_write_shard"):
-    shard._held_write_shard = shard.write_shard
-    _lock = threading.Lock()
-    _writes = []
-
-    def held_write_shard(path, layout, s, arrays):
-        with _lock:
-            _writes.append(s)
-            first = len(_writes) == 1
-        if not first:
-            deadline = time.monotonic() + 120
-            while not os.path.exists(RELEASE) and not closing() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        shard._held_write_shard(path, layout, s, arrays)
-
-    shard.write_shard = held_write_shard
-"""
-
-
 # -- Ctrl-C and SIGTERM ------------------------------------------------------------------------------
 
 
@@ -158,7 +117,7 @@ def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_
     job = process_job(tmp_path, tiny_bert_dir, n=120, shard_size=1)
     store = tmp_path / "run" / "store.zarr"
     release = tmp_path / "hold.release"
-    env = worker_fault(tmp_path, HOLD_AFTER_FIRST_SHARD.format(release=str(release)))
+    env = worker_fault(tmp_path, HOLD_PRELOAD.format(release=str(release)))
     p = subprocess.Popen(
         cli(job),
         cwd=tmp_path,

@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 import yaml
 import zarr
-from helpers import CORPUS, make_job, write_jsonl
+from helpers import CORPUS, HOLD_PRELOAD, make_job, write_jsonl
 
 from rapids_attn.store import schema as S
 
@@ -102,52 +102,6 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 
 def run(job: Path, *args: str) -> tuple[int, str]:
     return finish(start(job, *args))
-
-
-#: the struck run's worker preload (distributed runs it in every worker, in-process ones included, and may run
-#: it more than once in a process: it wraps ``write_shard`` once). A process's first shard is written as usual;
-#: every later one is computed and then held before its write, polling for the release file, so that the
-#: store keeps at least one shard and at most one per process until the test releases it (or 120 s, a bound for
-#: a broken test, pass). A hold also ends when its worker closes or the job process's main thread has ended
-#: (a Ctrl-C'd job closing its in-process worker): the held shard is then written, as a slow worker's would be.
-HOLD_PRELOAD = """
-import os
-import threading
-import time
-
-import rapids_attn.extract.shard as shard
-
-RELEASE = {release!r}
-
-
-def closing():
-    if not threading.main_thread().is_alive():
-        return True
-    try:
-        from distributed import get_worker
-
-        return get_worker().status.name not in ("running", "paused")
-    except ValueError:
-        return False
-
-
-if not hasattr(shard, "_held_write_shard"):
-    shard._held_write_shard = shard.write_shard
-    _lock = threading.Lock()
-    _writes = []
-
-    def held_write_shard(path, layout, s, arrays):
-        with _lock:
-            _writes.append(s)
-            first = len(_writes) == 1
-        if not first:
-            deadline = time.monotonic() + 120
-            while not os.path.exists(RELEASE) and not closing() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        shard._held_write_shard(path, layout, s, arrays)
-
-    shard.write_shard = held_write_shard
-"""
 
 
 @dataclass
