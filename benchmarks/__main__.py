@@ -71,9 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--repeats",
         type=int,
-        default=3,
-        help="rounds: each runs the short cases (pipeline, bare forward, pooled) over all the "
-        "examples and the naive and matched cases over a 1/repeats share of them; the short "
+        default=None,
+        help="rounds (default 3; 2 with --quick): each runs the short cases (pipeline, bare forward, pooled) over "
+        "all the examples and the naive and matched cases over a 1/repeats share of them; the short "
         "cases report their median run, the naive and matched ones their sum",
     )
     ap.add_argument(
@@ -91,7 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench.json")
     args = ap.parse_args(argv)
     if args.quick:
-        args.examples, args.naive_examples, args.fit_sizes, args.repeats, args.input_size = 8, 2, "2000", 2, 64
+        args.examples, args.naive_examples, args.fit_sizes, args.input_size = 8, 2, "2000", 64
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
     if args.naive_examples is None:
         args.naive_examples = args.examples
     if not Path(args.data).is_file():

@@ -15,9 +15,22 @@ from helpers import REPO, SHARED_SQUAD
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_quick_benchmark_runs_every_case(tmp_path):
+    """Every case in its own process, once (one round: how rounds deal the naive and matched cases their
+    segments and add them up is test_rounds_deal_the_segments_and_add_up's, without processes)."""
     out = tmp_path / "bench.json"
     p = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--data", str(SHARED_SQUAD), "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--repeats",
+            "1",
+            "--data",
+            str(SHARED_SQUAD),
+            "--out",
+            str(out),
+        ],
         check=False,
         cwd=REPO,
         capture_output=True,
@@ -45,14 +58,19 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     pipe, naive = R["pipeline"], R["naive"]
     assert pipe["maps"] == pipe["examples"] * 6 * 12  # MiniLM: every example x layer x head
     assert R["pipeline_4x"]["examples"] == 4 * pipe["examples"]
-    # --quick runs two rounds: the naive and matched cases ran once per segment, and add up
-    assert len(R["naive_runs"]) == len(R["matched_runs"]) == len(R["pipeline_runs"]) == 2
-    assert naive["examples"] == 2 and [c["examples"] for c in R["naive_runs"]] == [1, 1]
-    for kind in ("matched_runs", "matched_int8_runs"):  # each round's matched runs had its naive run's share
-        assert [c["examples"] for c in R[kind]] == [1, 1]
+    # one round: the naive and matched cases ran once, on the same segment (all the naive examples)
+    assert len(R["naive_runs"]) == len(R["matched_runs"]) == len(R["pipeline_runs"]) == 1
+    assert naive["examples"] == 2 and [c["examples"] for c in R["naive_runs"]] == [2]
+    for kind in ("matched_runs", "matched_int8_runs"):
+        assert [c["examples"] for c in R[kind]] == [2]
         assert [c["spec"]["data"] for c in R[kind]] == [c["spec"]["data"] for c in R["naive_runs"]]
     assert naive["maps"] == sum(c["maps"] for c in R["naive_runs"])
-    assert "speed-ups within each round" in p.stdout
+    # the per-round speed-ups, printed from two rounds on, drawn from these real runs as a second round adds them
+    from benchmarks.__main__ import report
+
+    two = {**R, **{k: R[k] * 2 for k in ("naive_runs", "matched_runs", "matched_int8_runs", "pipeline_runs")}}
+    per_round = report(two).split("speed-ups within each round")[1]
+    assert "| 1 |" in per_round and "| 2 |" in per_round
     # the naive baseline and the matched runs saw the same examples and made one map each per head
     assert naive["maps"] == R["matched"]["maps"] == R["matched_int8"]["maps"] == naive["examples"] * 72
     assert naive["dim"] == 2048  # ResNet-50's penultimate layer, as in the prior work
@@ -90,6 +108,47 @@ def test_segments_deal_the_sampled_examples_out_once_each(tmp_path):
     assert got == sorted(e.id for e in sampled)  # disjoint, and together the whole sample
     by_id = {e.id: e for e in sampled}
     assert all(e == by_id[e.id] for part in parts for e in part)  # question, context, title, label kept
+
+
+def test_rounds_deal_the_segments_and_add_up(tmp_path, monkeypatch):
+    """python -m benchmarks --quick's orchestration with a stand-in for each case's process: two rounds, the short
+    cases once per round over all the examples, the naive and matched cases once per segment (each round its
+    own, the same for every kind), their sums over the segments, the fidelity case on the matched runs' folders,
+    and the CNN at --quick's 64 pixels. The real cases run once each in test_quick_benchmark_runs_every_case."""
+    import benchmarks.__main__ as bench
+
+    calls = []
+
+    def run_case(spec):
+        calls.append(spec)
+        n = spec.get("examples", 0)
+        r = {"spec": spec, "examples": n, "maps": 72 * n, "peak_rss": 1, "run_dir": str(tmp_path / f"run{len(calls)}")}
+        if spec["case"] == "naive":
+            return {**r, "bytes": 1000 * n, "seconds": {"forward": 1.0, "cnn": 2.0}, "dim": 2048}
+        if spec["case"] == "pipeline":
+            return {**r, "tokens": 10 * n, "wall": 1.0, "worker_seconds": {"forward": 1.0}, "store_bytes": {"f": 5}}
+        return {**r, "seconds": 1.0}
+
+    monkeypatch.setattr(bench, "run_case", run_case)
+    monkeypatch.setattr(bench, "report", lambda R: "")
+    data = REPO / "rapids_attn" / "data" / "quickstart.json"
+    out = tmp_path / "bench.json"
+    assert bench.main(["--quick", "--data", str(data), "--out", str(out)]) == 0
+    R = json.loads(out.read_text())
+    assert R["args"]["repeats"] == 2 and R["args"]["input_size"] == 64
+    for key in ("pipeline_runs", "bare_runs", "pooled_runs"):
+        assert [c["examples"] for c in R[key]] == [8, 8], key
+    segments = [c["spec"]["data"] for c in R["naive_runs"]]
+    assert len(set(segments)) == 2 and [c["examples"] for c in R["naive_runs"]] == [1, 1]
+    for kind in ("matched_runs", "matched_int8_runs"):  # each round's matched runs had its naive run's segment
+        assert [c["spec"]["data"] for c in R[kind]] == segments and [c["examples"] for c in R[kind]] == [1, 1]
+        assert all(c["spec"]["input_size"] == 64 for c in R[kind])
+    assert R["naive"]["examples"] == 2 and R["naive"]["maps"] == 144 and R["naive"]["bytes"] == 2000
+    assert R["naive"]["seconds"] == {"forward": 2.0, "cnn": 4.0}  # the segments' clocks added up
+    assert R["matched"]["examples"] == R["matched_int8"]["examples"] == 2 and R["matched"]["wall"] == 2.0
+    fidelity = next(c for c in calls if c["case"] == "fidelity")
+    assert fidelity["a"] == R["matched"]["run_dirs"] and fidelity["b"] == R["matched_int8"]["run_dirs"]
+    assert R["pipeline_4x"]["examples"] == 32 and R["defaults_small"]["examples"] == 2
 
 
 def test_job_level_job_file_follows_the_protocol(tmp_path):
