@@ -5,11 +5,26 @@ checkout's jobs/ and the sibling ../shared data, which an installed wheel has ne
 """
 
 import json
+import os
+import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
+
+
+def machine_info(**extra) -> dict:
+    """What a benchmark's JSON records of where and when it ran: the platform, the CPUs, the checkout's commit
+    (``unknown`` outside a git checkout) and the date, with ``extra`` (e.g. ``torch=torch.__version__``)."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=_REPO, capture_output=True, text=True
+    ).stdout.strip()
+    info = {"platform": platform.platform(), "cpus": os.cpu_count()}
+    info.update(extra)
+    info.update(commit=commit or "unknown", date=time.strftime("%Y-%m-%d %H:%M %Z"))
+    return info
 
 
 def run_in_process(module: str, *args: str) -> dict:

@@ -24,15 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import machine_info
 from rapids_attn.devices import ExtractDevices
 
 REPO = Path(__file__).resolve().parent.parent
@@ -247,9 +246,6 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     from rapids_attn.errors import UserError
 
     try:
@@ -258,13 +254,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     R["args"] = vars(args)
-    R["machine"] = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "commit": commit or "unknown",
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-    }
+    R["machine"] = machine_info(torch=torch.__version__)
     R["ratios"] = ratios(R)
     if args.out:
         Path(args.out).write_text(json.dumps(R, indent=1))

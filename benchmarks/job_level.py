@@ -23,7 +23,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -33,6 +32,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from benchmarks import machine_info
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "jobs" / "quickstart.yaml"
@@ -301,18 +302,7 @@ def main(argv=None) -> int:
 
     sample = read_examples(args.data, format="squad", sample=args.questions, seed=args.seed)
     ids = random.Random(args.seed).sample([e.id for e in sample], nb) if nb < len(sample) else [e.id for e in sample]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    R: dict = {
-        "args": {**vars(args), "baseline_questions": nb},
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "commit": commit or "unknown",
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        },
-    }
+    R: dict = {"args": {**vars(args), "baseline_questions": nb}, "machine": machine_info()}
     with tempfile.TemporaryDirectory(prefix="bench-job-") as d:
         tmp = Path(d)
         job_yaml = write_job(Path(args.job), Path(args.data), args.questions, args.seed, tmp / "run", tmp / "job.yaml")

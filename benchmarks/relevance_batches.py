@@ -22,15 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks import machine_info
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
@@ -261,22 +261,13 @@ def main(argv=None) -> int:
 
     from rapids_attn.errors import UserError
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     try:
         R = measure(args)
     except UserError as e:  # a model or data the stage would refuse: one line, as the CLI says it
         print(f"error: {e}", file=sys.stderr)
         return 2
     R["args"] = vars(args)
-    R["machine"] = {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "commit": commit or "unknown",
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-    }
+    R["machine"] = machine_info(torch=torch.__version__)
     if args.out:
         Path(args.out).write_text(json.dumps(R, indent=1))
     print(report(R))
