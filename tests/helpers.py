@@ -6,6 +6,8 @@ fixtures that build tiny models live in ``conftest.py`` and use these.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -227,3 +229,24 @@ if not hasattr(shard, "_held_write_shard"):
 
     shard.write_shard = held_write_shard
 """
+
+
+@dataclass
+class Hold:
+    """What a struck run needs: ``env`` for :func:`start`, and :meth:`release` once the test has struck."""
+
+    env: dict
+    path: Path
+
+    def release(self) -> None:
+        self.path.touch()
+
+
+def held_after_first_shard(tmp: Path) -> Hold:
+    """The environment under which each worker process of a run writes one shard and holds the rest until
+    :meth:`Hold.release` (:data:`HOLD_PRELOAD`): a strike after the first shard is done lands mid-extraction
+    whatever the machine's speed. Only the struck run gets it; the run that resumes runs as usual."""
+    release = tmp / "hold.release"
+    preload = tmp / "hold_preload.py"
+    preload.write_text(HOLD_PRELOAD.format(release=str(release)))
+    return Hold({"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)])}, release)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 import zarr
-from helpers import CORPUS, HOLD_PRELOAD, make_job, write_jsonl
+from helpers import CORPUS, held_after_first_shard, make_job, write_jsonl
 
 from rapids_attn.run import INTERRUPTED, TERMINATED, main
 
@@ -116,8 +116,7 @@ def worker_fault(tmp_path: Path, body: str) -> dict:
 def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_bert_dir, sig, to_group, code, line):
     job = process_job(tmp_path, tiny_bert_dir, n=120, shard_size=1)
     store = tmp_path / "run" / "store.zarr"
-    release = tmp_path / "hold.release"
-    env = worker_fault(tmp_path, HOLD_PRELOAD.format(release=str(release)))
+    hold = held_after_first_shard(tmp_path)  # a signal after the first shard lands mid-extraction
     p = subprocess.Popen(
         cli(job),
         cwd=tmp_path,
@@ -125,7 +124,7 @@ def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, **env},
+        env={**os.environ, **hold.env},
     )
     try:
         deadline = time.monotonic() + 300
@@ -136,7 +135,7 @@ def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_
         # communicate() reads stderr to its end: until the workers, which share it, have exited too
         _, err = p.communicate(timeout=120)
     finally:
-        release.touch()
+        hold.release()
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == code, err[-3000:]

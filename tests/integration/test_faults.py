@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 import yaml
 import zarr
-from helpers import CORPUS, HOLD_PRELOAD, make_job, write_jsonl
+from helpers import CORPUS, Hold, held_after_first_shard, make_job, write_jsonl
 
 from rapids_attn.store import schema as S
 
@@ -102,27 +102,6 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 
 def run(job: Path, *args: str) -> tuple[int, str]:
     return finish(start(job, *args))
-
-
-@dataclass
-class Hold:
-    """What a struck run needs: ``env`` for :func:`start`, and :meth:`release` once the test has struck."""
-
-    env: dict
-    path: Path
-
-    def release(self) -> None:
-        self.path.touch()
-
-
-def held_after_first_shard(tmp: Path) -> Hold:
-    """The environment under which each worker process of a run writes one shard and holds the rest until
-    :meth:`Hold.release` (:data:`HOLD_PRELOAD`): a strike after the first shard is done lands mid-extraction
-    whatever the machine's speed. Only the struck run gets it; the run that resumes runs as usual."""
-    release = tmp / "hold.release"
-    preload = tmp / "hold_preload.py"
-    preload.write_text(HOLD_PRELOAD.format(release=str(release)))
-    return Hold({"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)])}, release)
 
 
 def shards_done(run_dir: Path) -> np.ndarray | None:
