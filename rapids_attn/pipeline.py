@@ -235,9 +235,17 @@ def _check_run_dir(ctx: RunContext) -> None:
     """The run directory is absent, empty, marked as rapids_attn's, or holds a rapids_attn store (made
     before the marker); anything else is refused unless --overwrite, and even then where a file of the
     user's has a name rapids_attn writes (:mod:`rapids_attn.rundir`)."""
-    from rapids_attn.rundir import check_run_dir
+    from pathlib import Path
+
+    from rapids_attn.rundir import check_run_dir, check_run_dir_place
     from rapids_attn.store.zarr_store import inspect_store
 
+    data_path = ctx.job.get("data", {}).get("path")
+    model = Path(ctx.model.source)
+    check_run_dir_place(
+        ctx.run_dir,
+        {"data.path": Path(data_path) if data_path else None, "model.name": model if model.is_dir() else None},
+    )
     check_run_dir(
         ctx.run_dir, ctx.job, ctx.overwrite, lambda: inspect_store(ctx.store_path, ctx.key, ctx.layout) != "absent"
     )

@@ -131,6 +131,84 @@ def check_run_dir(run_dir: Path, job: dict, overwrite: bool, store_is_ours) -> s
     return "adopted"
 
 
+def _link_target(p: Path) -> str:
+    try:
+        return os.readlink(p)
+    except OSError:
+        return "?"
+
+
+def _inside(p: Path, folder: Path) -> bool:
+    return p == folder or folder in p.parents
+
+
+def _zarr_store_above(p: Path) -> Path | None:
+    """The Zarr store (a folder with zarr.json, .zgroup or .zarray) that holds ``p`` or is ``p``, if any."""
+    for q in (p, *p.parents):
+        if any((q / m).is_file() for m in ("zarr.json", ".zgroup", ".zarray")):
+            return q
+    return None
+
+
+def check_run_dir_place(run_dir: Path, inputs: dict[str, Path | None] | None = None) -> None:
+    """Where the run directory is, checked before anything is written (preflight, so ``--check`` refuses it
+    too), changing nothing. Refused, in one line naming output.dir:
+
+    - a symbolic link on its path that points nowhere (the run would fail creating it);
+    - a directory this user cannot write (the run directory, or the nearest folder above it that exists);
+    - a symbolic link in the place of a folder the explain stage writes into (``report/`` and its folders):
+      it would send the run's writes, and removals, into a folder it did not make;
+    - a run directory inside a Zarr store (another run's ``store.zarr``), or equal to or inside an input the
+      job reads (``inputs``: field -> path, e.g. data.path and a local model folder), or one whose outputs
+      would land on such an input.
+    """
+    run_dir = Path(run_dir)
+    for q in (run_dir, *run_dir.parents):
+        if q.is_symlink() and not q.exists():
+            raise RunDirError(
+                f"output.dir: {q} is a symbolic link to {_link_target(q)}, which does not exist; create its target "
+                "or set output.dir (or name) to another directory"
+            )
+    here = next((q for q in (run_dir, *run_dir.parents) if q.exists()), None)
+    if here is not None and here != run_dir and not here.is_dir():
+        raise RunDirError(
+            f"output.dir: {here} is a file, so {run_dir} cannot be made under it; set output.dir to another directory"
+        )
+    if here is not None and here.is_dir() and not os.access(here, os.W_OK | os.X_OK):
+        raise RunDirError(
+            f"output.dir: {here} is not writable by this user{' (read-only)' if here == run_dir else ''}; fix its "
+            "permissions or set output.dir to a directory you can write"
+        )
+    for rel in OWN_FOLDERS:
+        q = run_dir / rel
+        if q.is_symlink():
+            raise RunDirError(
+                f"output.dir: {q} is a symbolic link (to {_link_target(q)}); rapids_attn writes only into folders it "
+                "made, never through a link: remove the link (its target is kept) or set output.dir to a new directory"
+            )
+    resolved = run_dir.resolve()
+    store = _zarr_store_above(resolved)
+    if store is not None:
+        raise RunDirError(
+            f"output.dir: {run_dir} is inside the Zarr store {store}; set output.dir (or name) to a directory outside it"
+        )
+    for field, path in (inputs or {}).items():
+        if path is None or not Path(path).exists():
+            continue
+        src = Path(path).resolve()
+        if _inside(resolved, src) if src.is_dir() else resolved == src:
+            raise RunDirError(
+                f"output.dir: {run_dir} is {'' if resolved == src else 'inside '}{field} ({path}), which the job "
+                "reads; set output.dir (or name) to a directory outside it"
+            )
+        hit = next((n for n in OUTPUTS if _inside(src, resolved / n)), None)
+        if hit is not None:
+            raise RunDirError(
+                f"output.dir: {run_dir}/{hit} is where the run writes, and {field} ({path}) is there; move the "
+                "input out of the run directory or set output.dir to another directory"
+            )
+
+
 def _empty_dir(p: Path) -> bool:
     try:
         return p.is_dir() and not p.is_symlink() and not any(os.scandir(p))
@@ -140,17 +218,49 @@ def _empty_dir(p: Path) -> bool:
 
 #: what the explain stage writes from the store: it describes the store as it was when explain last ran
 EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "head_classes.json", "report")
+#: the stages that change the store: a run of one of them without explain makes the explain outputs stale
+STORE_STAGES = frozenset({"extract", "learn", "heads", "relevance"})
+REPORT = "report"
+#: the files the explain stage writes under ``report/``, by folder (relative to it) and name pattern; nothing
+#: else there is rapids_attn's (kept in step with explain.report, explain.headview and explain.explorer, and
+#: checked by tests/unit/test_rundir.py against a full run's report)
+REPORT_FILES: dict[str, re.Pattern] = {
+    ".": re.compile(
+        r"^(index\.html|explorer\.html|explorer\.html\.part|index\.html\.tmp"
+        r"|(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|head_importance|pruning|relevance_shares"
+        r"|head_atlas|(occupancy|montage)_\d+)\.png)$"
+    ),
+    "headviews": re.compile(r"^cluster-?\d+_ex\d+\.html(\.tmp)?$"),
+    "headviews/vendor": re.compile(r"^(require\.js|d3\.min\.js|jquery\.min\.js|LICENSES\.txt)(\.tmp)?$"),
+}
+#: the folders rapids_attn makes under a run directory, where a symbolic link would send its writes (and its
+#: removals of stale pages) into a folder it did not make. ``store.zarr`` is not among them: a store linked to
+#: another disk is used through the link when it is this job's store, and never deleted through it
+#: (:mod:`rapids_attn.store.zarr_store`); a link to anything else is refused as another job's store.
+OWN_FOLDERS = (REPORT, f"{REPORT}/headviews", f"{REPORT}/headviews/vendor")
+
+
+def _own_report_files(report: Path) -> list[Path]:
+    """The files under ``report`` that the explain stage wrote (by name), deepest folder first."""
+    out = []
+    for sub in sorted(REPORT_FILES, key=len, reverse=True):
+        folder = report if sub == "." else report / sub
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        out += sorted(p for p in folder.iterdir() if REPORT_FILES[sub].match(p.name) and not p.is_dir())
+    return out
 
 
 def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
-    """Before a run that changes the store (extract, learn or heads) without explaining it again, remove the explain
-    stage's earlier outputs from a marked run directory: they describe the store as it was, and a reader
-    would take them for this run's. Only rapids_attn's own names, only in a directory it marked. Returns
-    the names removed."""
-    import shutil
-
+    """Before a run that changes the store (extract, learn, heads or relevance) without explaining it again,
+    remove the explain stage's earlier outputs from a marked run directory: they describe the store as it
+    was, and a reader would take them for this run's. Only the files rapids_attn wrote, by name, in a
+    directory it marked: never a folder as a whole, never through a symbolic link (a link in the place of an
+    output is removed itself, its target kept), and a user's file in ``report/`` stays, with the folders
+    that hold it. Called only once every check of the run has passed (preflight, then the lock). Returns the
+    names removed."""
     run_dir = Path(run_dir)
-    if "explain" in stages or not {"extract", "learn", "heads"} & set(stages) or read_marker(run_dir) is None:
+    if "explain" in stages or not STORE_STAGES & set(stages) or read_marker(run_dir) is None:
         return []
     removed = []
     for name in EXPLAIN_OUTPUTS:
@@ -158,7 +268,15 @@ def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
         if p.is_symlink() or p.is_file():
             p.unlink()
         elif p.is_dir():
-            shutil.rmtree(p)
+            files = _own_report_files(p) if name == REPORT else []
+            if not files:
+                continue
+            for f in files:
+                f.unlink()
+            for sub in sorted(REPORT_FILES, key=len, reverse=True):  # the folders left empty, deepest first
+                folder = p if sub == "." else p / sub
+                if folder.is_dir() and not folder.is_symlink() and not any(os.scandir(folder)):
+                    folder.rmdir()
         else:
             continue
         removed.append(name)

@@ -143,3 +143,23 @@ class Stage(ABC):
                     f"{path}: the {self.name} stage needs the {writer} stage's results, and they are not "
                     f"complete in the store; rerun with --stages {writer}"
                 )
+
+
+def check_max_length(field: str, value: int | None, ctx: RunContext) -> None:
+    """A stage's own ``max_length`` (heads, relevance) fits the model's positions: refused in preflight, where a
+    forward would otherwise fail on a worker ("size of tensor a (2710) must match ... (512)")."""
+    from rapids_attn.errors import JobConfigError
+
+    limit = ctx.model.positions
+    if value is not None and limit is not None and value > limit:
+        raise JobConfigError(
+            f"{field}: {value} exceeds the model's {limit} positions; set it to {limit} or less (or leave it unset)"
+        )
+
+
+def evaluated_count(ctx: RunContext, k: int | None) -> int:
+    """How many examples a stage that samples ``k`` of the job's examples (the probes left out) evaluates:
+    what :func:`rapids_attn.heads.stage.sample_positions` will pick, counted in preflight."""
+    probes = sum(1 for ex in ctx.data.inline if str(ex.group or "").startswith("probe:"))
+    n = len(ctx.data) - probes
+    return n if k is None else min(k, n)

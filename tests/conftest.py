@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import CORPUS, bpe_tokenizer, save_tiny_llama, tiny_bert_config, write_jsonl
+from helpers import bpe_tokenizer, pair_rows, save_tiny_llama, tiny_bert_config, write_jsonl
 
 #: the time budget's report at the end of every run (tests/timebudget.py); pytester runs the suite's own checks
 pytest_plugins = ["timebudget", "pytester"]
@@ -84,16 +84,4 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def pair_data(tmp_path) -> Path:
     """20 text pairs of very different lengths (so batches mix short and long inputs)."""
-    rows = []
-    for i in range(20):
-        ctx = " ".join(CORPUS[i % 5].split() * (1 + (i * 7) % 9))
-        rows.append(
-            {
-                "id": f"q{i}",
-                "question": f"question number {i} about {CORPUS[i % 5].split()[1]}?",
-                "context": ctx,
-                "topic": f"t{i % 3}",
-                "answerable": i % 2 == 0,
-            }
-        )
-    return write_jsonl(tmp_path / "pairs.jsonl", rows)
+    return write_jsonl(tmp_path / "pairs.jsonl", pair_rows())

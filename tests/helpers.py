@@ -86,6 +86,23 @@ def tiny_bert_config(vocab_size: int, **kw):
     )
 
 
+def pair_rows(n: int = 20) -> list[dict]:
+    """``n`` text pairs of very different lengths (so batches mix short and long inputs): the tests' data."""
+    rows = []
+    for i in range(n):
+        ctx = " ".join(CORPUS[i % 5].split() * (1 + (i * 7) % 9))
+        rows.append(
+            {
+                "id": f"q{i}",
+                "question": f"question number {i} about {CORPUS[i % 5].split()[1]}?",
+                "context": ctx,
+                "topic": f"t{i % 3}",
+                "answerable": i % 2 == 0,
+            }
+        )
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     import json
 
@@ -250,3 +267,18 @@ def held_after_first_shard(tmp: Path) -> Hold:
     preload = tmp / "hold_preload.py"
     preload.write_text(HOLD_PRELOAD.format(release=str(release)))
     return Hold({"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)])}, release)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with a hash of its bytes, and every symbolic link with its target (links are
+    not followed): byte-for-byte what a run must leave unchanged."""
+    import hashlib
+    import os
+
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]):
+            p = Path(folder) / name
+            rel = str(p.relative_to(root))
+            out[rel] = "-> " + os.readlink(p) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return dict(sorted(out.items()))

@@ -85,6 +85,8 @@ class ModelInfo:
     revision: str | None
     #: how the workers capture attention: ``blocked`` (rapids_attn.extract.blocked) or ``eager``
     attention: str = "eager"
+    #: the model's own position limit (max_position_embeddings or n_positions), None where it has none
+    positions: int | None = None
 
 
 def blocked_supported(config) -> bool:
@@ -254,7 +256,16 @@ def describe_model(cfg, check_files: bool = True, sample: str | None = None, att
         if cfg.long_inputs == "windows":
             _check_windows(tok, cfg, max_length)
         check_weights(cfg, source)
-    return ModelInfo(source, config.model_type, int(n_layers), int(n_heads), int(max_length), cfg.revision, attention)
+    return ModelInfo(
+        source,
+        config.model_type,
+        int(n_layers),
+        int(n_heads),
+        int(max_length),
+        cfg.revision,
+        attention,
+        int(model_limit) if model_limit else None,
+    )
 
 
 def _tokenizer_files_present(folder: Path) -> bool:
@@ -371,6 +382,32 @@ def _unreadable(path: Path) -> str | None:
             zipped = f.read(2) == b"PK"  # torch.save's archive; an older pickle-only file has no header to read
         if zipped and not zipfile.is_zipfile(path):
             return "not a complete zip archive"
+        return _unsafe_pickle(path, zipped)
+    return None
+
+
+#: why a ``.bin`` is refused when torch's weights-only unpickler will not read it
+UNSAFE_BIN = "unsafe"
+
+
+def _unsafe_pickle(path: Path, zipped: bool) -> str | None:
+    """A PyTorch ``.bin`` is a pickle: transformers loads it with ``torch.load(weights_only=True)``, which refuses
+    a pickle that would build anything but tensors and plain containers (code, a payload). Read here the same
+    way, in preflight, so such a file is refused in one line before any worker starts. A zip archive is
+    memory-mapped (its pickle is read, not its tensors' bytes); an old pickle-only file is read whole."""
+    import pickle
+    import warnings
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():  # torch's notes on an old file's pickle protocol: not the user's concern
+            warnings.simplefilter("ignore")
+            torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
+    except pickle.UnpicklingError:
+        return UNSAFE_BIN
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        return one_line(e)
     return None
 
 
@@ -405,6 +442,12 @@ def check_weights(cfg, source: str) -> None:
         if why is not None and not os.access(f, os.R_OK):
             raise ModelError(
                 f"model.name: the weights file {f} cannot be read (permission denied); let this user read it"
+            )
+        if why == UNSAFE_BIN:
+            raise ModelError(
+                f"model.name: the weights file {f} holds more than tensors (torch.load with weights_only=True "
+                "refuses it: a pickle that would run code); it is not loaded: use a safetensors file from a source "
+                "you trust"
             )
         if why is not None:
             raise ModelError(

@@ -146,6 +146,19 @@ class HeadsStage(Stage):
                 f"heads.metric: {name} needs question/paragraph pairs; this data has one text per example: "
                 "use SQuAD JSON or name two data.text_fields"
             )
+        from rapids_attn.stage import check_max_length, evaluated_count
+
+        check_max_length("heads.max_length", self.cfg.max_length, ctx)
+        k = evaluated_count(ctx, self.cfg.examples)
+        if k < 2:
+            raise JobConfigError(
+                f"heads.examples: the heads stage needs at least 2 examples and would evaluate {k}; "
+                + (
+                    "raise heads.examples"
+                    if self.cfg.examples is not None and self.cfg.examples < 2
+                    else "use more data"
+                )
+            )
         n = ctx.model.n_layers * ctx.model.n_heads
         if self.cfg.probing.enabled and self.cfg.probing.top_k > n:
             raise JobConfigError(

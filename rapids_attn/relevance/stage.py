@@ -57,6 +57,11 @@ class RelevanceStage(Stage):
             raise JobConfigError("relevance.methods: empty; name at least one of the methods, or leave it unset")
         if len(set(cfg.methods)) != len(cfg.methods):
             raise JobConfigError(f"relevance.methods: {cfg.methods} names a method twice; list each once")
+        from rapids_attn.stage import check_max_length, evaluated_count
+
+        check_max_length("relevance.max_length", cfg.max_length, ctx)
+        if evaluated_count(ctx, cfg.examples) < 1:
+            raise JobConfigError("relevance.examples: this job has no examples to evaluate (only probes); add data")
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
         if not -n_layers <= cfg.pagerank_layer < n_layers:
             raise JobConfigError(

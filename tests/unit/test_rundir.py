@@ -2,13 +2,12 @@
 is refused (exit 2, one line) unless --overwrite, and even then a user's file where rapids_attn writes is
 never replaced. Directories of versions before the marker (a rapids_attn store inside) keep working."""
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import FULL_REPORT, make_job
+from helpers import FULL_REPORT, make_job, snapshot
 
 from rapids_attn.run import main
 from rapids_attn.rundir import MARKER, OWN_NAMES, RunDirError, check_run_dir, mark_run_dir, read_marker
@@ -19,14 +18,6 @@ JOB = {"name": "t", "data": {"path": "x.jsonl"}}
 
 def never_ours():
     return False
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 # -- the decision, without a run -------------------------------------------------------------------

@@ -1,25 +1,15 @@
 """Nothing a user did not ask to delete is deleted: a store that cannot be read, or a folder that is not
 a rapids_attn store, is an error (exit 2, one line naming it) and every file stays as it was."""
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 import yaml
 import zarr
-from helpers import make_job
+from helpers import make_job, snapshot
 
 from rapids_attn.run import main
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every file under ``root`` with a hash of its bytes."""
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture
