@@ -3,16 +3,30 @@ Parquet and saved HF datasets share them).
 
 A :class:`FieldSpec` is small and picklable: it travels inside each shard task, so a worker builds
 its rows' Examples with exactly the rules the driver validated them with.
+
+What a text field may hold (:func:`text_value`): a string; bytes (a binary Parquet or HF column), decoded as
+UTF-8 and refused when they are not UTF-8, never written as their ``b'...'`` repr; a number (int, float,
+Decimal), read as its decimal text (``str``). Anything else (null, true/false, a list, an object, a date) is
+refused in one line that names the record and the field. A record's text (its text and pair together) holds at
+most :data:`MAX_TEXT_CHARS` characters: a longer one is refused while the driver indexes the data, before
+anything is tokenized.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from rapids_attn.data.example import Example
 from rapids_attn.errors import DataError
+
+#: the most characters of text one record may hold (its text and pair together). Far above what a model reads
+#: at once (a 512-token window is a few thousand characters), yet small enough that tokenizing a record and
+#: capturing its windows stays cheap; a longer record is refused in preflight, naming it. Cut its text or split
+#: it into several records.
+MAX_TEXT_CHARS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -74,19 +88,20 @@ class FieldSpec:
         self.check_fields(record.keys(), where)
         text = text_value(record, self.text, where)
         pair = None if self.pair is None else text_value(record, self.pair, where)
+        check_length(len(text) + (0 if pair is None else len(pair)), where)
         if self.id is None:
             ex_id = str(index)
         else:
             value = record[self.id]
-            if value is None or value == "":
+            if value is None or value in ("", b""):
                 raise empty_id(where, self.id)
-            ex_id = str(value)
+            ex_id = plain_text(value, where, self.id, "data.id_field")
         return Example(
             id=ex_id,
             text=text,
             text_pair=pair,
-            group=plain_value(record, self.group),
-            label=plain_value(record, self.label),
+            group=plain_value(record, self.group, where, "data.group_field"),
+            label=plain_value(record, self.label, where, "data.label_field"),
         )
 
 
@@ -100,17 +115,63 @@ def not_text(where: str, field: str, kind: str) -> DataError:
     return DataError(f"data.path: {where} field {field!r} is {kind}; set data.text_fields to fields that hold text")
 
 
+def too_long(where: str, n: int) -> DataError:
+    return DataError(
+        f"data.path: {where} holds {n:,} characters of text, more than the {MAX_TEXT_CHARS:,} one record may hold "
+        "(rapids_attn.data.fields.MAX_TEXT_CHARS); cut that record's text or split it into several records"
+    )
+
+
+def check_length(n: int, where: str) -> None:
+    """DataError when a record's text (text and pair together, ``n`` characters) is over :data:`MAX_TEXT_CHARS`."""
+    if n > MAX_TEXT_CHARS:
+        raise too_long(where, n)
+
+
+def not_utf8_value(where: str, field: str, e: UnicodeDecodeError, setting: str = "data.text_fields") -> DataError:
+    return DataError(
+        f"data.path: {where} field {field!r} holds bytes that are not UTF-8 text (bad byte at offset {e.start} of "
+        f"the value); store that column as UTF-8 text, or set {setting} to a field that holds text"
+    )
+
+
 def text_value(record: Mapping[str, Any], field: str, where: str) -> str:
+    """The text of ``record[field]``: a string as it is, bytes decoded as UTF-8 (refused when they are not), a
+    number as its decimal text; DataError for anything else (null, true/false, a list, an object, a date)."""
     value = record[field]
-    if value is None or isinstance(value, (dict, list, tuple)):
-        raise not_text(where, field, "empty" if value is None else f"a {type(value).__name__}, not text")
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise not_utf8_value(where, field, e) from None
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return str(value)
+    if value is None:
+        kind = "empty"
+    elif isinstance(value, bool):
+        kind = f"{str(value).lower()}, not text"
+    else:
+        kind = f"a {type(value).__name__}, not text"
+    raise not_text(where, field, kind)
 
 
-def plain_value(record: Mapping[str, Any], field: str | None) -> str:
+def plain_text(value: Any, where: str, field: str, setting: str) -> str:
+    """An id, group or label (named by ``setting``) as text: bytes decoded as UTF-8 (refused when they are not),
+    anything else str()."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise not_utf8_value(where, field, e, setting) from None
+    return str(value)
+
+
+def plain_value(record: Mapping[str, Any], field: str | None, where: str, setting: str) -> str:
     if field is None or record[field] is None:
         return ""
-    return str(record[field])
+    return plain_text(record[field], where, field, setting)
 
 
 class FieldsSource:

@@ -9,6 +9,14 @@ tests and tools.
 
 Every problem with the input raises :class:`DataError` with one line that names the file, the line or
 record, the field, and the job setting to change.
+
+Inputs are bounded before they are expensive: a record whose text (text and pair together; a SQuAD question
+and its paragraph, or an article's joined paragraphs) holds more than
+:data:`rapids_attn.data.fields.MAX_TEXT_CHARS` (1,000,000) characters is refused while indexing, before
+anything is tokenized; a line-based file's record over :data:`rapids_attn.data.linefiles.MAX_RECORD_BYTES` is
+refused before it is parsed; JSON nested too deeply for Python's parser is refused, naming the line. What each
+format refuses besides: :mod:`rapids_attn.data.linefiles` (JSONL, CSV, text) and :mod:`rapids_attn.data.tables`
+(Parquet, saved HF datasets, and which split of a DatasetDict is read).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rapids_attn.data.example import Example
-from rapids_attn.data.fields import FieldSpec
+from rapids_attn.data.fields import FieldSpec, check_length
 from rapids_attn.data.fingerprint import changed_while_reading, content_fingerprint
 from rapids_attn.data.fingerprint import stamp as data_stamp
 from rapids_attn.data.index import (
@@ -34,7 +42,7 @@ from rapids_attn.data.index import (
     scan,
     select_positions,
 )
-from rapids_attn.data.linefiles import CsvSource, JsonlSource, TextSource, not_utf8
+from rapids_attn.data.linefiles import CsvSource, JsonlSource, TextSource, not_utf8, too_deep
 from rapids_attn.data.tables import HfSource, ParquetSource
 from rapids_attn.errors import DataError
 
@@ -265,9 +273,9 @@ def read_squad(path: Path, unit: str = "question") -> list[Example]:
                 for p, paragraph in enumerate(paragraphs)
             ]
             if contexts:  # an article without paragraphs has no text (and, read by question, no examples)
-                examples.append(
-                    Example(id=f"article-{a}", text="\n\n".join(contexts), group=group, label=str(len(contexts)))
-                )
+                text = "\n\n".join(contexts)
+                check_length(len(text), f"{where} (its paragraphs joined) in {path}")
+                examples.append(Example(id=f"article-{a}", text=text, group=group, label=str(len(contexts))))
             continue
         for p, paragraph in enumerate(paragraphs):
             pwhere = f"{where}.paragraphs[{p}]"
@@ -275,6 +283,7 @@ def read_squad(path: Path, unit: str = "question") -> list[Example]:
             for q, qa in enumerate(_squad_get(paragraph, "qas", list, path, pwhere)):
                 qwhere = f"{pwhere}.qas[{q}]"
                 question = _squad_get(qa, "question", str, path, qwhere)
+                check_length(len(question) + len(context), f"{qwhere} (with its context) in {path}")
                 qid = _squad_get(qa, "id", (str, int), path, qwhere)
                 label = _squad_label(qa, path, qwhere)
                 answers = tuple(str(a["text"]) for a in qa.get("answers") or () if isinstance(a, dict) and "text" in a)
@@ -331,6 +340,8 @@ def _load_json(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8-sig") as f:
             return json.load(f)
+    except RecursionError:
+        raise too_deep(f"line {_deep_line(path)} of {path}") from None
     except json.JSONDecodeError as e:
         hint = "fix the JSON"
         if e.msg == "Extra data":
@@ -338,6 +349,22 @@ def _load_json(path: Path) -> Any:
         raise DataError(f"data.path: line {e.lineno} of {path} is not valid JSON ({e.msg}); {hint}") from None
     except UnicodeDecodeError as e:
         raise not_utf8(path, e.start) from None
+
+
+def _deep_line(path: Path, depth: int = 500) -> int:
+    """The line of ``path`` where JSON nesting first passes ``depth`` levels (brackets inside strings not
+    counted); the last line if it never does. Only after the parser gave up, so its cost does not matter."""
+    import re
+
+    strings = re.compile(r'"(?:[^"\\\n]|\\.)*"')  # a JSON string never holds a raw newline
+    level, n = 0, 0
+    with open(path, encoding="utf-8-sig") as f:
+        for n, line in enumerate(f, start=1):
+            for c in re.findall(r"[\[\]{}]", strings.sub("", line)):
+                level += 1 if c in "[{" else -1
+                if level > depth:
+                    return n
+    return n
 
 
 #: the old private name of :class:`rapids_attn.data.fields.FieldSpec`

@@ -8,6 +8,17 @@ memory-mapped dataset).
 Parquet: the driver reads the metadata (row counts, schema, null counts, string minimums) and streams only
 the id column (when ``data.id_field`` is set) and, where the metadata cannot rule out a null or an empty
 string, the text columns; it never holds more than one batch. Rows are numbered from 0 in messages, as for HF.
+
+A text column (Parquet's or HF's) holds strings; or binary values, decoded as UTF-8 and refused, naming the
+row, when they are not UTF-8; or numbers (integers, floats, decimals), read as their decimal text. Any other
+type (true/false, dates and times, lists, structs) is refused in one line naming the column. The driver's pass
+also refuses a row whose text holds more than :data:`rapids_attn.data.fields.MAX_TEXT_CHARS` characters,
+streaming the text columns of a row group only when its metadata leaves room for one (or for a null, or holds
+binary values to check).
+
+A saved DatasetDict is read by one split: the only one, or ``validation`` when there are several; with several
+and no ``validation`` the choice is the user's, and the reader refuses, naming the splits (point
+``data.path`` at the split's own folder, which ``save_to_disk`` writes as a Dataset).
 """
 
 from __future__ import annotations
@@ -19,7 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rapids_attn.data.example import Example
-from rapids_attn.data.fields import FieldSpec, FieldsSource, empty_id, not_text
+from rapids_attn.data.fields import (
+    MAX_TEXT_CHARS,
+    FieldSpec,
+    FieldsSource,
+    empty_id,
+    not_text,
+    not_utf8_value,
+    plain_text,
+    too_long,
+)
 from rapids_attn.data.linefiles import changed, check_stamp, file_stamp
 from rapids_attn.errors import DataError
 
@@ -68,38 +88,19 @@ class ParquetSource(FieldsSource):
 
     @classmethod
     def open(cls, path: Path, spec: FieldSpec) -> ParquetSource:
-        """Check the schema: every named column exists, and the text columns hold scalars."""
-        import pyarrow as pa
-
+        """Check the schema: every named column exists, and the text columns hold text, binary or numbers."""
         schema = _parquet_file(path).schema_arrow
         spec.check_fields(schema.names, f"the schema of {path}")
         for field in (spec.text, spec.pair):
-            if field is not None and pa.types.is_nested(schema.field(field).type):
+            if field is not None and _text_kind(schema.field(field).type) is None:
                 raise not_text(f"the schema of {path}", field, f"a {schema.field(field).type} column, not text")
         return cls(str(path), spec)
 
     def scan(self) -> Iterator[tuple[int, int, str]]:
-        """The driver's pass: (0, 0, id) for every row, after checking the text columns hold no null.
-
-        Raises, for the first bad row of the first column that has one, naming the row and field."""
-        import pyarrow.compute as pc
-
+        """The driver's pass: (0, 0, id) for every row, after checking the text columns (:meth:`_check_texts`)."""
         pf = _parquet_file(self.path)
         md = pf.metadata
-        leaves = {md.schema.column(i).path: i for i in range(md.num_columns)}  # a nested column has several
-        for field in (self.spec.text, self.spec.pair):
-            if field is None:
-                continue
-            col = leaves.get(field)
-            if col is not None and all(_no_nulls(md.row_group(g), col) for g in range(md.num_row_groups)):
-                continue
-            row = 0
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[field]):
-                values = batch.column(0)
-                if values.null_count:
-                    bad = row + pc.index(pc.is_null(values), True).as_py()
-                    raise not_text(f"row {bad} of {self.path}", field, "empty")
-                row += len(values)
+        self._check_texts(pf)
         if self.spec.id is None:
             for _ in range(md.num_rows):
                 yield 0, 0, ""
@@ -107,10 +108,57 @@ class ParquetSource(FieldsSource):
         row = 0
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=[self.spec.id]):
             for value in batch.column(0).to_pylist():
-                if value is None or value == "":
+                if value is None or value == "" or value == b"":
                     raise empty_id(f"row {row} of {self.path}", self.spec.id)
-                yield 0, 0, str(value)
+                yield 0, 0, plain_text(value, f"row {row} of {self.path}", self.spec.id, "data.id_field")
                 row += 1
+
+    def _check_texts(self, pf) -> None:
+        """Refuse the first row (row groups in order; in a row, the text before the pair) whose text is null, or
+        binary but not UTF-8, or whose text and pair hold more than :data:`MAX_TEXT_CHARS` characters together.
+        A row group is read only
+        when its metadata leaves room for one: a null not ruled out by its statistics, binary values, or text
+        columns whose uncompressed size (at least the byte length of any one value, so of its characters) is
+        over the bound."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        md, schema = pf.metadata, pf.schema_arrow
+        fields = [f for f in (self.spec.text, self.spec.pair) if f is not None]
+        kinds = {f: _text_kind(schema.field(f).type) for f in fields}
+        leaves = {md.schema.column(i).path: i for i in range(md.num_columns)}  # a nested column has several
+        start = 0
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            cols = [leaves.get(f) for f in fields]
+            if not (
+                any(c is None or not _no_nulls(group, c) for c in cols)
+                or any(kinds[f] == "binary" for f in fields)
+                or sum(group.column(c).total_uncompressed_size for c in cols) > MAX_TEXT_CHARS
+            ):
+                start += group.num_rows
+                continue
+            row = start
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=list(dict.fromkeys(fields))):
+                batch, total = _plain_strings(batch), None
+                for field in fields:
+                    values = batch.column(field)
+                    if values.null_count:
+                        bad = row + pc.index(pc.is_null(values), True).as_py()
+                        raise not_text(f"row {bad} of {self.path}", field, "empty")
+                    if kinds[field] == "number":
+                        continue  # a few dozen characters at most
+                    if pa.types.is_dictionary(values.type):
+                        values = values.dictionary_decode()
+                    if kinds[field] == "binary":
+                        values = _decoded(values, f"of {self.path}", field, row)
+                    chars = pc.utf8_length(values)
+                    total = chars if total is None else pc.add(total, chars)
+                if total is not None and pc.max(total).as_py() > MAX_TEXT_CHARS:
+                    at = pc.index(pc.greater(total, MAX_TEXT_CHARS), True).as_py()
+                    raise too_long(f"row {row + at} of {self.path}", total[at].as_py())
+                row += batch.num_rows
+            start += group.num_rows
 
     def read(self, records: Sequence[int], seeks: Sequence = ()) -> list[Example]:
         """Rows ``records`` (ascending): only the row groups that hold them, only the named columns, batch by
@@ -157,11 +205,8 @@ class ParquetSource(FieldsSource):
         pf = _parquet_file(self.path)
         md, schema = pf.metadata, pf.schema_arrow
         fields = [f for f in (self.spec.text, self.spec.pair) if f is not None]
-        for f in fields:
-            t = schema.field(f).type
-            t = t.value_type if pa.types.is_dictionary(t) else t
-            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
-                return []
+        if any(_text_kind(schema.field(f).type) == "number" for f in fields):
+            return []
         leaves = {md.schema.column(i).path: i for i in range(md.num_columns)}
         out: list[int] = []
         start = 0
@@ -174,7 +219,7 @@ class ParquetSource(FieldsSource):
                     for values in _plain_strings(batch).columns:
                         if pa.types.is_dictionary(values.type):
                             values = values.dictionary_decode()
-                        empty = pc.fill_null(pc.equal(pc.utf8_length(values), 0), False)
+                        empty = pc.fill_null(pc.equal(pc.binary_length(values), 0), False)
                         hit = empty if hit is None else pc.and_(hit, empty)
                     out.extend((row + np.flatnonzero(hit.to_numpy(zero_copy_only=False))).tolist())
                     row += batch.num_rows
@@ -182,13 +227,49 @@ class ParquetSource(FieldsSource):
         return out
 
 
-def _plain_strings(batch):
-    """``batch`` with its string-view columns as large strings (pyarrow's take and string kernels want those)."""
+def _text_kind(t) -> str | None:
+    """How a text column of Arrow type ``t`` becomes text: "string", "binary" (decoded as UTF-8), "number"
+    (its decimal text), or None: not text (true/false, dates and times, nested types...)."""
     import pyarrow as pa
 
-    views = [i for i, f in enumerate(batch.schema) if pa.types.is_string_view(f.type)]
-    for i in views:
-        batch = batch.set_column(i, batch.schema.field(i).name, batch.column(i).cast(pa.large_string()))
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    return None
+
+
+def _decoded(values, where: str, field: str, row: int):
+    """A binary column's values as large strings; DataError naming the first row (``row`` is the first value's)
+    that is not UTF-8."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    try:
+        return values.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        for i, value in enumerate(values.to_pylist()):
+            try:
+                if value is not None:
+                    value.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise not_utf8_value(f"row {row + i} {where}", field, e) from None
+        raise
+
+
+def _plain_strings(batch):
+    """``batch`` with its view columns as large strings and large binaries (pyarrow's take and string kernels want
+    those)."""
+    import pyarrow as pa
+
+    for i, f in enumerate(batch.schema):
+        if pa.types.is_string_view(f.type) or pa.types.is_binary_view(f.type):
+            kind = pa.large_string() if pa.types.is_string_view(f.type) else pa.large_binary()
+            batch = batch.set_column(i, f.name, batch.column(i).cast(kind))
     return batch
 
 
@@ -230,6 +311,20 @@ def _load_hf(path):
         ) from None
 
 
+def pick_split(path, splits: list[str]) -> str:
+    """The split of a DatasetDict a job reads: the only one, or ``validation``; DataError when the choice is not
+    clear (the job has no setting for a split: its folder is a dataset of its own)."""
+    if len(splits) == 1:
+        return splits[0]
+    if "validation" in splits:
+        return "validation"
+    listed = ", ".join(repr(s) for s in splits)
+    raise DataError(
+        f"data.path: {path} is a DatasetDict with splits {listed} and none named 'validation', so which to read "
+        f"is not clear; set data.path to the split's own folder, e.g. {Path(path) / splits[0]}"
+    )
+
+
 @dataclass(frozen=True)
 class HfSource(FieldsSource):
     """A directory written by ``datasets`` ``save_to_disk`` (Dataset, or a DatasetDict and the split used)."""
@@ -246,14 +341,14 @@ class HfSource(FieldsSource):
 
     @classmethod
     def open(cls, path: Path, spec: FieldSpec, log: logging.Logger = logger) -> HfSource | None:
-        """Pick the split (validation if there is one; said on ``log``) and check the columns; None for an
-        empty DatasetDict."""
+        """Pick the split (said on ``log``): the only one, else ``validation``; with several and no
+        ``validation`` DataError listing them. Check the columns; None for an empty DatasetDict."""
         datasets, ds = _load_hf(path)
         split = None
         if isinstance(ds, datasets.DatasetDict):
             if not ds:
                 return None
-            split = "validation" if "validation" in ds else next(iter(ds))
+            split = pick_split(path, list(ds))
             log.info("data.path: %s is a DatasetDict with splits %s; using split %r", path, ", ".join(ds), split)
             ds = ds[split]
         src = cls(str(path), spec, split)

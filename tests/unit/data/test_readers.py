@@ -307,7 +307,9 @@ def test_hf_dataset_dict_prefers_validation_split(tmp_path, caplog):
     assert "using split 'validation'" in caplog.text
 
 
-def test_hf_dataset_dict_without_validation_uses_first_split(tmp_path, caplog):
+def test_hf_dataset_dict_with_several_splits_and_no_validation_is_refused(tmp_path):
+    """No split named validation and more than one: which to read is the user's choice (it used to be the
+    first split, said only in a log line), made by pointing data.path at the split's own folder."""
     datasets = pytest.importorskip("datasets")
     dd = datasets.DatasetDict(
         {
@@ -316,10 +318,25 @@ def test_hf_dataset_dict_without_validation_uses_first_split(tmp_path, caplog):
         }
     )
     dd.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError) as info:
+        read_examples(tmp_path / "dd", format="hf")
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{tmp_path / 'dd'} is a DatasetDict with splits 'test', 'train' and none named 'validation'" in message
+    assert f"set data.path to the split's own folder, e.g. {tmp_path / 'dd' / 'test'}" in message
+    # the folder the message names is read as that split alone
+    assert [ex.text for ex in read_examples(tmp_path / "dd" / "train")] == ["train 0"]
+
+
+def test_hf_dataset_dict_with_one_split_uses_it(tmp_path, caplog):
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["train 0"]})}).save_to_disk(
+        str(tmp_path / "dd")
+    )
     with caplog.at_level(logging.INFO, logger="rapids_attn.data.readers"):
         examples = read_examples(tmp_path / "dd", format="hf")
-    assert [ex.text for ex in examples] == ["test 0"]
-    assert "using split 'test'" in caplog.text
+    assert [ex.text for ex in examples] == ["train 0"]
+    assert "using split 'train'" in caplog.text
 
 
 def test_hf_format_on_a_file_is_rejected(tmp_path):
