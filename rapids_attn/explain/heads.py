@@ -77,6 +77,9 @@ def join(
                 }
         by_cluster[str(cid)] = entry
     out["by_cluster"] = by_cluster
+    probing = info.get("probing") or {}
+    out["probing_folds"] = probing.get("folds")
+    out["probing_skipped"] = dict(probing.get("skipped") or {})
     out["probing"] = {
         t: {
             "majority": r["majority"],
@@ -139,6 +142,22 @@ def figures(out_dir, info: dict) -> list[str]:
     return names
 
 
+def _probes_note(joined: dict) -> str:
+    """What the probes were, as this run made them: their folds, and each task left out with why."""
+    done, skipped, folds = joined.get("probing") or {}, joined.get("probing_skipped") or {}, joined.get("probing_folds")
+    if not done and not skipped:
+        return "no probes were run (heads.probing)."
+    parts = []
+    if done:
+        how = f"{int(folds)}-fold cross-validated" if folds else "cross-validated"
+        parts.append(
+            f"probes ({_e(', '.join(done))}) are {how} linear probes on each head's output mean-pooled over the example"
+        )
+    if skipped:
+        parts.append("not probed: " + "; ".join(f"{_e(t)} ({_e(why)})" for t, why in skipped.items()))
+    return "; ".join(parts) + "."
+
+
 def section(joined: dict | None, warning: str | None, figs: list[str]) -> str:
     """The report's "Which heads matter" section (empty when the heads stage has not run)."""
     if joined is None:
@@ -149,8 +168,7 @@ def section(joined: dict | None, warning: str | None, figs: list[str]) -> str:
 whole model scores {_e(joined["headline"])} = {_num(joined["base"])}. A head's ablation cost is the mean
 over examples of the score lost when its output is {_e(joined["ablation"])}ed before the attention output
 projection (positive: the task needs it), with a 95% t interval over the examples; importance is Michel et
-al.'s |dL/dgate|, normalised per layer; probes are 5-fold cross-validated linear probes on each head's
-output mean-pooled over the example.</p>"""
+al.'s |dL/dgate|, normalised per layer; {_probes_note(joined)}</p>"""
     if warning:
         return head + f'<p class="warn">{_e(warning)}</p></section>'
     rows = []

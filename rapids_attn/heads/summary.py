@@ -168,11 +168,16 @@ def run_probes(capture: dict, meta: dict, probing, seed: int) -> dict:
     from rapids_attn.heads.probe import best_heads_probe, probe_heads, task_labels
 
     x, hidden = capture["heads"], capture["hidden"]
-    out: dict = {"tasks": {}, "skipped": {}}
+    out: dict = {"tasks": {}, "skipped": {}, "folds": int(probing.folds)}
     for task in probing.tasks:
+        if task == "label" and not any(str(v) for v in meta["label"]):
+            out["skipped"][task] = "the examples have no labels (set data.label_field)"
+            continue
         labels = task_labels(task, meta, probing.folds)
         if labels is None:
-            out["skipped"][task] = "the examples give fewer than two classes for it"
+            out["skipped"][task] = (
+                f"the examples give fewer than two classes of at least {probing.folds} examples (heads.probing.folds)"
+            )
             continue
         y, classes = labels
         try:

@@ -88,3 +88,27 @@ def test_rank_agreement_of_importance_and_ablation():
     assert out["heads"] == 3
     assert out["raw"]["spearman"] == pytest.approx(1.0) and out["raw"]["kendall"] == pytest.approx(1.0)
     assert out["normalised"]["spearman"] == pytest.approx(-1.0)
+
+
+def test_probes_say_their_folds_and_why_a_task_was_skipped():
+    """Two folds and no label field: the result records both, and the report's note says so (it said "5-fold"
+    whatever the run did, and left the skipped tasks to the store's attributes)."""
+    from types import SimpleNamespace
+
+    from rapids_attn.explain.heads import _probes_note
+    from rapids_attn.heads.summary import run_probes
+
+    rng = np.random.default_rng(0)
+    n = 40
+    capture = {"heads": rng.normal(size=(n, 2, 2, 4)).astype(np.float32), "hidden": rng.normal(size=(n, 8))}
+    meta = {
+        "text": [f"{'who' if i % 2 else 'what'} is it {i}?" for i in range(n)],
+        "label": [""] * n,
+        "n_tokens": list(range(5, 5 + n)),
+    }
+    out = run_probes(capture, meta, SimpleNamespace(tasks=["label", "wh_word"], folds=2, top_k=2), seed=0)
+    assert out["folds"] == 2 and "wh_word" in out["tasks"]
+    assert "no labels" in out["skipped"]["label"] and "data.label_field" in out["skipped"]["label"]
+    note = _probes_note({"probing": {"wh_word": {}}, "probing_folds": 2, "probing_skipped": out["skipped"]})
+    assert "2-fold" in note and "5-fold" not in note and "not probed: label (the examples have no labels" in note
+    assert _probes_note({"probing": {}, "probing_skipped": {}}) == "no probes were run (heads.probing)."
