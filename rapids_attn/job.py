@@ -5,8 +5,12 @@ duplicate keys), merges the presets named in
 ``extends`` (a ``configs/`` folder beside the job file, then the built-in ``rapids_attn/presets``),
 applies ``--set a.b=value`` overrides, and validates. Every
 error becomes one :class:`JobConfigError` line that names the field and says how to fix it; an
-unknown key suggests the closest valid name. Checks that need the filesystem or the model (paths
-exist, the model config loads, the backend is available) live in :mod:`rapids_attn.preflight`.
+unknown key suggests the closest valid name. What a job file may cost is bounded before it is spent: its
+size (:data:`MAX_JOB_BYTES`), its nesting (:data:`MAX_DEPTH`) and the values its YAML aliases expand to
+(:data:`MAX_NODES`); a user's value quoted in an error is cut to :data:`MAX_QUOTED` characters
+(:func:`show`, :func:`clip`), and a whole error line to :data:`MAX_LINE` (:func:`one_line`). Checks that need
+the filesystem or the model (paths exist, the model config loads, the backend is available) live in
+:mod:`rapids_attn.preflight`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import copy
 import difflib
 import hashlib
 import json
+import os
 import re
+import reprlib
+import stat
 import typing
 from importlib import resources
 from pathlib import Path
@@ -31,6 +38,70 @@ if TYPE_CHECKING:
 
 #: The folder a job may keep its own presets in, beside the job file or in one of its parents.
 LOCAL_PRESETS = "configs"
+
+#: the largest job file (or preset) read, in bytes: a job is a few KB; a bigger file is not read at all.
+MAX_JOB_BYTES = 1_000_000
+#: the deepest a job file (or a --set value) may nest, aliases expanded: a job is four or five levels deep
+#: (section, subsection, a list); PyYAML composes recursively, so a deeper one would end in RecursionError.
+MAX_DEPTH = 100
+#: the most values (YAML nodes) a job file may hold once its aliases are expanded: a job holds about a
+#: hundred; nested aliases ("billion laughs") would otherwise expand to billions in validation or an error.
+MAX_NODES = 100_000
+#: characters of a user's value an error line quotes (then "...", and its length).
+MAX_QUOTED = 120
+#: characters of a whole job error line (a longer one keeps its start and its end, the fix).
+MAX_LINE = 1000
+#: local workers may run at most this many threads (``n_workers`` x ``threads_per_worker``) per CPU.
+MAX_THREADS_PER_CPU = 4
+
+
+def clip(text: str, limit: int = MAX_QUOTED) -> str:
+    """``text`` as an error line quotes it: whole when short, else its first ``limit`` characters, "..." and
+    its length."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 12, 12, 8, 12
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = MAX_QUOTED
+
+
+def show(value: Any) -> str:
+    """A user's value as an error line quotes it: its repr, at most :data:`MAX_QUOTED` characters (a long
+    string is cut after them with its length; a long list or mapping shows its first entries and its length),
+    built without writing out the whole value first."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= MAX_QUOTED else f"{value[:MAX_QUOTED]!r}... ({len(value):,} characters)"
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int past Python's 4,300-digit str conversion limit (YAML reads 0x... of any size)
+        return (
+            f"a number of {value.bit_length() * 0.30103:,.0f} digits"
+            if isinstance(value, int)
+            else "a value too long to show"
+        )
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > _REPR.maxlist:
+        text += f" ({len(value):,} entries)"
+    return clip(text, MAX_QUOTED + 30)
+
+
+def one_line(message: str) -> str:
+    """A job error as one line of at most :data:`MAX_LINE` characters: the start and the end (where the fix
+    is) of a longer one, around a note of what was cut. Every error :func:`load_job` raises goes through it."""
+    message = " ".join(str(message).splitlines())
+    if len(message) <= MAX_LINE:
+        return message
+    head, tail = MAX_LINE * 3 // 5, MAX_LINE // 3
+    return f"{message[:head]} ...({len(message) - head - tail:,} characters cut)... {message[-tail:]}"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a batch allocation's share of the node), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 def builtin_presets() -> Traversable:
@@ -196,7 +267,7 @@ class ExtractConfig(Section):
                 if len(sel) == 0:
                     raise ValueError(f"{name} is empty; leave it out to keep all {name}")
                 if len(set(sel)) != len(sel) or any(i < 0 for i in sel):
-                    raise ValueError(f"{name} must be distinct non-negative indices, got {sel}")
+                    raise ValueError(f"{name} must be distinct non-negative indices, got {show(sel)}")
         return self
 
 
@@ -323,9 +394,9 @@ class ClusterConfig(Section):
     @model_validator(mode="after")
     def _k(self) -> ClusterConfig:
         if isinstance(self.n_clusters, int) and self.n_clusters < 2:
-            raise ValueError(f"n_clusters must be at least 2 or auto, got {self.n_clusters}")
+            raise ValueError(f"n_clusters must be at least 2 or auto, got {show(self.n_clusters)}")
         if self.k_sweep is not None and not (2 <= self.k_sweep[0] < self.k_sweep[1]):
-            raise ValueError(f"k_sweep must be [first, last] with 2 <= first < last, got {self.k_sweep}")
+            raise ValueError(f"k_sweep must be [first, last] with 2 <= first < last, got {show(self.k_sweep)}")
         if self.n_clusters == "auto" and (self.k_sweep is None or self.method != "kmeans"):
             raise ValueError("n_clusters: auto picks k from the k sweep; it needs method kmeans and a k_sweep")
         return self
@@ -443,6 +514,7 @@ class RelevanceConfig(Section):
     flow_max_tokens: int = Field(128, gt=1)
     #: PageRank runs on the graph of one layer's heads (-1: the last layer), all of them or the ones listed.
     pagerank_layer: int = -1
+    #: distinct head indices (0-based; preflight checks them against the model's heads); null: all heads.
     pagerank_heads: list[int] | None = None
     #: the head atlas: Clark et al.'s distance between heads, embedded in 2-D and clustered into this many groups.
     atlas: bool = True
@@ -453,6 +525,19 @@ class RelevanceConfig(Section):
     batch_size: int = Field(8, gt=0)
     #: tokens per input; longer inputs are truncated (the model's own limit when null).
     max_length: int | None = Field(None, gt=1)
+
+    @field_validator("pagerank_heads")
+    @classmethod
+    def _some_distinct_heads(cls, value: list[int] | None) -> list[int] | None:
+        """An empty list would average no heads (a uniform PageRank); a repeated head would count twice. The
+        upper bound is the model's heads, checked in preflight (the relevance stage's check)."""
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("is empty, which ranks every token the same; list heads, or leave it out for all heads")
+        if len(set(value)) != len(value) or any(h < 0 for h in value):
+            raise ValueError(f"must be distinct non-negative head indices, got {show(value)}")
+        return value
 
 
 class RuntimeConfig(Section):
@@ -472,6 +557,43 @@ class RuntimeConfig(Section):
     #: where the fit runs: ``auto`` (cuML when importable and a GPU is visible), ``cpu``, ``gpu``.
     learn_backend: Literal["auto", "cpu", "gpu"] = "auto"
     seed: int = 0
+
+    @field_validator("n_workers")
+    @classmethod
+    def _local_workers_fit_the_machine(cls, value: int | None, info) -> int | None:
+        """``local`` workers are processes (or threads) on this machine: at most :data:`MAX_THREADS_PER_CPU` per
+        CPU this process may use (100,000 would be started one by one, each importing torch). ``local-cuda``
+        starts one per GPU (the devices' check); an external scheduler's workers are its own (n_workers unused)."""
+        if value is not None and info.data.get("cluster") == "local":
+            cpus = available_cpus()
+            most = MAX_THREADS_PER_CPU * cpus
+            if value > most:
+                raise ValueError(
+                    f"more local workers than this machine runs: {cpus} CPU{'s' if cpus > 1 else ''} here, at most "
+                    f"{most} workers ({MAX_THREADS_PER_CPU} per CPU); lower runtime.n_workers, or leave it out for "
+                    "one worker per CPU (up to 8)"
+                )
+        return value
+
+    @field_validator("threads_per_worker")
+    @classmethod
+    def _local_threads_fit_the_machine(cls, value: int, info) -> int:
+        """Each worker's torch threads, on this machine for ``local`` and ``local-cuda``: all of them together at
+        most :data:`MAX_THREADS_PER_CPU` per CPU (an external scheduler's workers run on their own machines)."""
+        cluster = info.data.get("cluster")
+        if cluster not in ("local", "local-cuda"):
+            return value
+        workers = (info.data.get("n_workers") or 1) if cluster == "local" else 1
+        cpus = available_cpus()
+        most = MAX_THREADS_PER_CPU * cpus
+        if workers * value > most:
+            what = f"{workers} workers x {value} threads" if workers > 1 else f"{value} threads in a worker"
+            raise ValueError(
+                f"{what} for {cpus} CPU{'s' if cpus > 1 else ''} here; at most {most} threads in all "
+                f"({MAX_THREADS_PER_CPU} per CPU): lower runtime.threads_per_worker"
+                + (" or runtime.n_workers" if workers > 1 else "")
+            )
+        return value
 
     @model_validator(mode="after")
     def _scheduler_target(self) -> RuntimeConfig:
@@ -494,7 +616,7 @@ class OutputConfig(Section):
             str(value).format(name="job")
         except (KeyError, IndexError, ValueError, AttributeError) as e:
             raise ValueError(
-                f"only {{name}} may be written in braces (not {e}); double a literal brace: {{{{ }}}}"
+                f"only {{name}} may be written in braces (not {clip(e)}); double a literal brace: {{{{ }}}}"
             ) from None
         return value
 
@@ -574,8 +696,120 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping in the job (or a preset) gives one key twice; YAML itself would keep the last silently."""
 
 
+class JobBoundError(yaml.composer.ComposerError):
+    """A job file past a bound (:data:`MAX_DEPTH`, :data:`MAX_NODES`), an alias that contains itself, or a value
+    Python cannot read (a 5,000-digit number, the 13th month): refused where it is, before it costs anything."""
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    return []
+
+
+def check_expansion(root: yaml.Node) -> None:
+    """Refuse a composed document whose aliases expand past :data:`MAX_NODES` values or :data:`MAX_DEPTH` levels,
+    or into a loop (``&a [*a]``). An alias is a second reference to a node, so this walks each node once
+    (memoized, without recursion), in time linear in the file, however far the aliases would expand."""
+    done: dict[int, tuple[int, int]] = {}  # id(node) -> (values, depth) with aliases expanded
+    open_: set[int] = set()  # the nodes on the path being walked
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        if closing:
+            open_.discard(key)
+            kids = [done[id(k)] for k in _children(node)]
+            size = 1 + sum(k[0] for k in kids)
+            depth = 1 + max((k[1] for k in kids), default=0)
+            if size > MAX_NODES:
+                raise JobBoundError(
+                    None,
+                    None,
+                    f"YAML aliases expand this value to {size:,} values, more than a job may hold "
+                    f"({MAX_NODES:,}); write the values out, or use fewer aliases",
+                    node.start_mark,
+                )
+            if depth > MAX_DEPTH:
+                raise JobBoundError(
+                    None,
+                    None,
+                    f"YAML aliases nest this value {depth:,} levels deep, deeper than a job may "
+                    f"({MAX_DEPTH}); use fewer nested aliases",
+                    node.start_mark,
+                )
+            done[key] = (size, depth)
+            continue
+        if key in done:
+            continue
+        open_.add(key)
+        stack.append((node, True))
+        for kid in _children(node):
+            if id(kid) in open_:
+                raise JobBoundError(
+                    None,
+                    None,
+                    "a YAML alias refers to a value that contains it (a loop); remove the alias",
+                    kid.start_mark,
+                )
+            if id(kid) not in done:
+                stack.append((kid, False))
+
+
 class JobLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, naming it and both lines."""
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (naming it and both lines), nesting
+    deeper than :data:`MAX_DEPTH` (as it is read: PyYAML composes recursively), aliases that expand past
+    :data:`MAX_NODES` values, and values Python cannot read (a ValueError of the constructor), each as a
+    :class:`yaml.YAMLError` with the line."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0  # values composed so far (an alias counts once here, in full in check_expansion)
+
+    def _too_deep(self, mark) -> JobBoundError:
+        return JobBoundError(
+            None, None, f"nested deeper than a job may be ({MAX_DEPTH} levels; a job has four or five)", mark
+        )
+
+    def fetch_flow_collection_start(self, TokenClass):
+        """``[`` or ``{``: refused past the bound as soon as it is scanned (the scanner looks ahead of the
+        composer, so 100,000 brackets would otherwise all be scanned first)."""
+        if self.flow_level >= MAX_DEPTH:
+            raise self._too_deep(self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_DEPTH:
+            raise self._too_deep(self.peek_event().start_mark)
+        self._nodes += 1
+        if self._nodes > MAX_NODES:  # stop reading a long list here: it is refused whole anyway
+            raise JobBoundError(
+                None,
+                None,
+                f"more than {MAX_NODES:,} values, more than a job may hold; keep long lists in a data file",
+                self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        check_expansion(node)
+        return node
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as e:  # int("1" * 5000), date(2020, 13, 1): the constructor's own
+            why = str(e).split(";")[0]  # not "use sys.set_int_max_str_digits()"
+            value = node.value if isinstance(node.value, str) else ""
+            raise JobBoundError(None, None, f"cannot read {show(value)} ({clip(why)})", node.start_mark) from None
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -592,7 +826,7 @@ class JobLoader(yaml.SafeLoader):
                     raise DuplicateKeyError(
                         None,
                         None,
-                        f"duplicate key {key!r} (first on line {seen[key] + 1}); keep one of them",
+                        f"duplicate key {show(key)} (first on line {seen[key] + 1}); keep one of them",
                         key_node.start_mark,
                     )
                 seen[key] = key_node.start_mark.line
@@ -600,13 +834,31 @@ class JobLoader(yaml.SafeLoader):
 
 
 def yaml_load(text: str) -> Any:
-    """Parse YAML as the job file is parsed: safe, and refusing duplicate keys."""
+    """Parse YAML as the job file is parsed: safe, refusing duplicate keys, and bounded (:class:`JobLoader`)."""
     return yaml.load(text, Loader=JobLoader)  # JobLoader is a SafeLoader
+
+
+def _read_bounded(path: Path | Traversable, what: str) -> str:
+    """The file's text, read only when it is at most :data:`MAX_JOB_BYTES` (at most that many bytes are read)."""
+    with path.open("rb") as f:
+        data = f.read(MAX_JOB_BYTES + 1)
+        if len(data) > MAX_JOB_BYTES:
+            try:
+                st = os.fstat(f.fileno())
+                size = f"{st.st_size / 1e6:,.1f} MB" if stat.S_ISREG(st.st_mode) else None
+            except (AttributeError, OSError, ValueError):  # a resource that is no file on disk
+                size = None
+            size = size or f"over {MAX_JOB_BYTES / 1e6:g} MB"
+            raise JobConfigError(
+                f"{what}: {path} is {size}; a job file may be at most {MAX_JOB_BYTES / 1e6:g} MB (a job is a few "
+                "KB): give the job's YAML file, and keep long lists in a data file"
+            )
+    return data.decode("utf-8")
 
 
 def _read_yaml(path: Path | Traversable, what: str) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path, what)
     except FileNotFoundError:
         raise JobConfigError(f"{what}: no such file: {path}") from None
     except IsADirectoryError:
@@ -622,17 +874,19 @@ def _read_yaml(path: Path | Traversable, what: str) -> dict:
         raise JobConfigError(f"{what}: cannot read {path} ({e.strerror or type(e).__name__}); check the path") from None
     try:
         raw = yaml_load(text)
+    except RecursionError:  # not expected past JobLoader's bounds: still one line
+        raise JobConfigError(f"{path}: nested too deep to read; a job is four or five levels deep") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        if isinstance(e, DuplicateKeyError):
+        if isinstance(e, (DuplicateKeyError, JobBoundError)):
             raise JobConfigError(f"{path}{where}: {e.problem}") from None
         if isinstance(e, yaml.reader.ReaderError):  # a character YAML refuses (NUL, a control code)
             ch = e.character if isinstance(e.character, int) else ord(e.character)
             raise JobConfigError(
                 f"{path}: not a YAML text file (character #x{ch:04x} at position {e.position}); give a YAML job file"
             ) from None
-        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        problem = clip(" ".join(str(getattr(e, "problem", None) or e).split()), 2 * MAX_QUOTED)
         raise JobConfigError(f"{path}{where}: not valid YAML ({problem})") from None
     if raw is None:
         return {}
@@ -677,15 +931,18 @@ def _preset_names(root: Traversable, prefix: str = "") -> list[str]:
 
 def _resolve_preset(name: str, dirs: list[Traversable]) -> Traversable:
     if not isinstance(name, str) or not name or any(p in ("", ".", "..") for p in name.split("/")):
-        raise JobConfigError(f"extends: {name!r} is not a preset name; use folder/name, e.g. models/minilm-l6")
+        raise JobConfigError(f"extends: {show(name)} is not a preset name; use folder/name, e.g. models/minilm-l6")
     for d in dirs:
         p = _preset_file(d, name)
-        if p.is_file():
-            return p
+        try:
+            if p.is_file():
+                return p
+        except OSError:  # a name too long for the filesystem: no such preset
+            continue
     known = sorted({n for d in dirs if d.is_dir() for n in _preset_names(d)})
-    near = difflib.get_close_matches(name, known, n=1)
+    near = difflib.get_close_matches(name, known, n=1) if len(name) <= MAX_QUOTED else []
     hint = f"did you mean '{near[0]}'?" if near else f"known presets: {', '.join(known) or 'none'}"
-    raise JobConfigError(f"extends: no preset '{name}' under {', '.join(map(str, dirs))}; {hint}")
+    raise JobConfigError(f"extends: no preset '{clip(name)}' under {', '.join(map(str, dirs))}; {hint}")
 
 
 def _anchor_data_path(preset: dict, path: Traversable, name: str) -> None:
@@ -702,7 +959,7 @@ def _anchor_data_path(preset: dict, path: Traversable, name: str) -> None:
         return
     if not isinstance(path, Path):  # e.g. a package imported from a zip file: no folder on disk
         raise JobConfigError(
-            f"extends: preset '{name}': data.path {data['path']} is relative to the preset, "
+            f"extends: preset '{name}': data.path {clip(data['path'])} is relative to the preset, "
             f"but the preset is not a file on disk ({path}); give an absolute data.path"
         )
     data["path"] = str((path.parent / p).resolve())
@@ -717,7 +974,7 @@ def _expand_extends(raw: dict, dirs: list[Traversable], seen: tuple[str, ...] = 
     merged: dict = {}
     for name in extends:
         if name in seen:
-            raise JobConfigError(f"extends: preset '{name}' extends itself through {' -> '.join(seen)}")
+            raise JobConfigError(f"extends: preset '{clip(name)}' extends itself through {' -> '.join(seen)}")
         path = _resolve_preset(name, dirs)
         preset = _read_yaml(path, f"extends: preset '{name}'")
         _anchor_data_path(preset, path, name)
@@ -731,15 +988,22 @@ def _expand_extends(raw: dict, dirs: list[Traversable], seen: tuple[str, ...] = 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value); the value is parsed as YAML (so 3, true, [0, 1] work)."""
     if "=" not in text:
-        raise JobConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set data.limit=100")
+        raise JobConfigError(f"--set {clip(text)}: expected KEY=VALUE, e.g. --set data.limit=100")
     key, _, value = text.partition("=")
     parts = [p for p in key.strip().split(".")]
     if not all(parts):
-        raise JobConfigError(f"--set {text}: the key '{key}' has an empty part")
+        raise JobConfigError(f"--set {clip(text)}: the key '{clip(key)}' has an empty part")
+    if len(text) > MAX_JOB_BYTES:
+        raise JobConfigError(
+            f"--set {clip(text)}: a value of {len(value):,} characters; a job's values are short, at most "
+            f"{MAX_JOB_BYTES / 1e6:g} MB (keep long lists in a data file)"
+        )
     try:
         parsed = yaml_load(value) if value.strip() else None
-    except DuplicateKeyError as e:
-        raise JobConfigError(f"--set {text}: {e.problem}") from None
+    except (DuplicateKeyError, JobBoundError) as e:
+        raise JobConfigError(f"--set {clip(text)}: {e.problem}") from None
+    except RecursionError:  # not expected past JobLoader's bounds: still one line
+        raise JobConfigError(f"--set {clip(text)}: nested too deep to read") from None
     except yaml.YAMLError:
         parsed = value
     return parts, parsed
@@ -750,7 +1014,7 @@ def _apply_override(raw: dict, parts: list[str], value: Any, text: str) -> None:
     for p in parts[:-1]:
         nxt = node.setdefault(p, {})
         if not isinstance(nxt, dict):
-            raise JobConfigError(f"--set {text}: '{p}' is a value, not a section")
+            raise JobConfigError(f"--set {clip(text)}: '{clip(p)}' is a value, not a section")
         node = nxt
     node[parts[-1]] = value
 
@@ -772,29 +1036,43 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
-    """The first error of a pydantic ValidationError as one actionable line."""
-    e = err.errors()[0]
+    """The first error of a pydantic ValidationError as one actionable line. Every part the user wrote is cut
+    to :data:`MAX_QUOTED` characters (:func:`clip`, :func:`show`): a key, the value ("got ..."), and a
+    validator's message that quotes the value."""
+    errors = err.errors()
+    e = errors[0]
     loc = tuple(e["loc"])
-    field = ".".join(str(p) for p in loc) or "(top level)"
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    field = ".".join(clip(p) for p in map(str, loc)) or "(top level)"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if e["type"] == "extra_forbidden":
         valid = _fields_at(JobConfig, loc)
-        near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        last = str(loc[-1])
+        near = difflib.get_close_matches(last, valid, n=1, cutoff=0.5) if len(last) <= MAX_QUOTED else []
         hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(valid)}"
         return f"{source}: {field}: unknown key; {hint}{more}"
     if e["type"] == "missing":
         return f"{source}: {field}: required but missing; add it to the job or pass --set {field}=...{more}"
-    msg = e["msg"]
-    msg = msg.removeprefix("Value error, ")
+    msg = clip(e["msg"].removeprefix("Value error, "), 4 * MAX_QUOTED)
     given = e.get("input")
-    shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
+    shown = f" (got {show(given)})" if given is not None and not isinstance(given, dict) else ""
     return f"{source}: {field}: {msg}{shown}{more}"
 
 
 def load_job(
     path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), raw: dict | None = None
 ) -> JobConfig:
-    """Read, merge presets, apply overrides, validate. Raises JobConfigError with one line."""
+    """Read, merge presets, apply overrides, validate. Raises JobConfigError with one line (:func:`one_line`:
+    at most :data:`MAX_LINE` characters, whatever the job holds)."""
+    try:
+        return _load_job(path, overrides, raw)
+    except JobConfigError as e:
+        line = one_line(str(e))
+        if line == str(e):
+            raise
+        raise JobConfigError(line) from None
+
+
+def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], raw: dict | None) -> JobConfig:
     job_path = Path(path) if path is not None else None
     if raw is None:
         if job_path is None:
@@ -810,8 +1088,11 @@ def load_job(
     data = raw.get("data")
     if job_path is not None and isinstance(data, dict) and isinstance(data.get("path"), str):
         p = Path(data["path"]).expanduser()
-        if not p.is_absolute() and not p.exists() and (job_path.resolve().parent / p).exists():
-            data["path"] = str((job_path.resolve().parent / p).resolve())
+        try:
+            if not p.is_absolute() and not p.exists() and (job_path.resolve().parent / p).exists():
+                data["path"] = str((job_path.resolve().parent / p).resolve())
+        except OSError:  # a name too long for the filesystem, say: preflight names it, as any missing path
+            pass
     try:
         return JobConfig.model_validate(raw)
     except ValidationError as err:

@@ -50,7 +50,8 @@ class Terminated(KeyboardInterrupt):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m rapids_attn.run",
-        description="Run a rapids_attn job: extract attention maps, embed, store in Zarr, reduce, cluster.",
+        description="Run a rapids_attn job: extract attention maps, embed, store in Zarr, reduce and cluster them, "
+        "score heads, trace relevance, and explain the clusters in a report.",
     )
     p.add_argument("job", help="the job's YAML file (see jobs/ for examples)")
     p.add_argument(
@@ -64,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stages",
         default=None,
-        help="comma-separated subset of extract,learn,heads,explain (default: all but heads, which runs when "
-        "the job sets heads.enabled: true), run in that order",
+        help="comma-separated subset of extract,learn,heads,relevance,explain, run in that order (default: all "
+        "but heads and relevance, each of which runs when the job sets heads.enabled or relevance.enabled: true)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a store made by a different job")
     p.add_argument("--check", action="store_true", help="validate the job and its inputs, then stop")
