@@ -1094,6 +1094,34 @@ def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], r
         except OSError:  # a name too long for the filesystem, say: preflight names it, as any missing path
             pass
     try:
-        return JobConfig.model_validate(raw)
+        cfg = JobConfig.model_validate(raw)
     except ValidationError as err:
         raise JobConfigError(format_validation_error(err, source)) from None
+    _check_path_lengths(cfg)
+    return cfg
+
+
+#: the longest file name (one path component) and path, in bytes, that Linux and macOS file systems take
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def _check_path_lengths(cfg: JobConfig) -> None:
+    """A path no file system can hold is refused here, naming its field: it would otherwise surface as an
+    ``OSError`` (``File name too long``) from whichever library touched it first."""
+    fields = {
+        "data.path": cfg.data.path,
+        "model.name": cfg.model.name,
+        "output.dir": cfg.run_dir,
+        "runtime.scheduler_file": cfg.runtime.scheduler_file,
+    }
+    for field, value in fields.items():
+        if value is None:
+            continue
+        raw = os.fsencode(str(value))
+        longest = max((len(part) for part in raw.split(b"/")), default=0)
+        if longest > NAME_MAX or len(raw) > PATH_MAX:
+            what = f"a name of {longest:,} bytes" if longest > NAME_MAX else f"{len(raw):,} bytes"
+            raise JobConfigError(
+                f"{field}: {clip(str(value))} is too long for a file system ({what}; at most {NAME_MAX} bytes a name "
+                f"and {PATH_MAX} a path); shorten it"
+            )

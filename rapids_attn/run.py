@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 from rapids_attn.errors import UserError
 
@@ -82,6 +83,9 @@ def configure_process(verbose: bool) -> None:
       libgomp; an explicit OMP_WAIT_POLICY in the environment wins (docs/benchmarks.md).
     - Hugging Face progress bars (one per worker per model load) are noise next to the job's own
       progress bar; the variable also reaches the worker processes the job starts.
+    - Other libraries' Python warnings (a deprecation, a solver's convergence note) are not the user's
+      to act on and are hidden unless -v, here and in the workers (``PYTHONWARNINGS``); everything the job
+      itself has to say is its own "warning:" lines.
     - Logging: warnings only, and distributed's, bokeh's and tornado's loggers quiet unless -v:
       distributed's errors too (a failed task, a worker lost to a signal), since every failure that
       reaches the job is reported in its one line; a local cluster's workers follow (runtime.py).
@@ -89,6 +93,9 @@ def configure_process(verbose: bool) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not verbose:  # other libraries' warnings (deprecations, a solver's convergence notes): -v shows them
+        warnings.filterwarnings("ignore")
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")  # the workers this job starts inherit it
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if not verbose:
         import distributed  # noqa: F401  (it sets its loggers' levels on import; quiet them after)
@@ -150,10 +157,12 @@ def unwritable(exc: BaseException) -> OSError | None:
 def fail(message: str, code: int, verbose: bool) -> int:
     """Report a failure: the traceback first with -v, then the one line; the workers' fork server, if this run
     started one, is ended (:func:`end_worker_server`)."""
+    from rapids_attn.job import one_line
+
     end_worker_server()
     if verbose:
         traceback.print_exc()
-    print(message, file=sys.stderr, flush=True)
+    print(one_line(message), file=sys.stderr, flush=True)  # one line of at most 1,000 characters, whatever it quotes
     return code
 
 

@@ -68,10 +68,12 @@ class RelevanceStage(Stage):
                 f"relevance.pagerank_layer: {cfg.pagerank_layer} is outside the model's {n_layers} layers "
                 f"(0..{n_layers - 1}, or -1 for the last)"
             )
+        from rapids_attn.job import show
+
         bad = [h for h in cfg.pagerank_heads or [] if not 0 <= h < n_heads]
         if bad:
             raise JobConfigError(
-                f"relevance.pagerank_heads: {bad} outside the model's heads 0..{n_heads - 1}; list heads in range"
+                f"relevance.pagerank_heads: {show(bad)} outside the model's heads 0..{n_heads - 1}; list heads in range"
             )
         if cfg.atlas and cfg.atlas_clusters > n_layers * n_heads:
             raise JobConfigError(

@@ -355,3 +355,15 @@ def test_help_names_every_stage_in_order_without_importing_torch():
     for name, stage in STAGES.items():
         if stage.runs_by_default.__func__ is not STAGES["extract"].runs_by_default.__func__:
             assert f"{name}.enabled" in " ".join(r.stdout.split())  # how a stage that runs only when enabled runs
+
+
+@pytest.mark.parametrize("field", ["data.path", "model.name", "output.dir", "runtime.scheduler_file"])
+@pytest.mark.parametrize("length", ["name", "path"])
+def test_a_path_no_file_system_holds_is_refused_naming_its_field(tmp_path, field, length):
+    """A 5,000-character data.path ended in ``OSError: File name too long`` and a traceback, the whole path in it."""
+    value = "/tmp/" + ("x" * 5000 if length == "name" else "/".join(["y" * 200] * 30))
+    sets = [f"{field}={value}"]
+    if field == "runtime.scheduler_file":
+        sets.append("runtime.cluster=scheduler")
+    say = refused(write_job(tmp_path, job_text(tmp_path)), sets, f"{field}: /tmp/")
+    assert "too long for a file system" in say and "shorten it" in say and len(say) < SHORT

@@ -1,5 +1,6 @@
 """The CLI: exit codes, one-line user errors, --check, --stages, and no store left by a bad job."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -308,3 +309,20 @@ def test_a_job_that_ends_early_ends_the_fork_server_it_started(tmp_path, tiny_be
     left = _fork_servers() - before  # at the job's exit: none of its own is left
     assert "--stages: unknown stage 'bogus'" in err.read_text(), err.read_text()
     assert not left
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_other_libraries_warnings_are_shown_only_with_verbose(verbose):
+    """A library's FutureWarning (scikit-learn's, transformers') is not the user's to act on: hidden unless -v,
+    in this process and (PYTHONWARNINGS) in the workers it starts."""
+    code = (
+        "import os, subprocess, sys, warnings\n"
+        f"from rapids_attn.run import configure_process; configure_process({verbose})\n"
+        "warnings.warn('a library note', FutureWarning)\n"
+        "subprocess.run([sys.executable, '-c', \"import warnings; warnings.warn('a worker note', FutureWarning)\"])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    err = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env, timeout=120
+    ).stderr
+    assert ("a library note" in err) is verbose and ("a worker note" in err) is verbose, err
