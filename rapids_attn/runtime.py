@@ -10,6 +10,12 @@
 The dashboard listens on ``runtime.dashboard_address`` (127.0.0.1:8787 by default); when that port
 is busy, distributed picks a free one, and the link actually used is reported.
 
+A local cluster with worker processes talks TLS with credentials of its own (:func:`cluster_security`):
+its scheduler, nannies and workers listen on 127.0.0.1 and accept only a peer that presents the job's
+certificate, so no other process of the machine can connect and run code in the job's workers (issue 33).
+The dashboard stays plain HTTP on its loopback address. An external scheduler takes the TLS settings of
+the Dask config (``distributed.comm.tls.*``), as every Dask client does (docs/deployment.md).
+
 Failures stay one line (issue 12). Ctrl-C reaches every process of the terminal's process group, so
 a local cluster's worker processes start with SIGINT blocked (:func:`sigint_blocked`) and then ignore
 it (the :class:`IgnoreSigint` plugin, which restarted workers get too): only the job process is
@@ -56,6 +62,52 @@ def check_runtime(cfg) -> None:
             )
     if cfg.cluster == "scheduler" and cfg.scheduler_file is not None and not cfg.scheduler_file.is_file():
         raise BackendUnavailableError(f"runtime.scheduler_file: no such file: {cfg.scheduler_file}")
+    if secured(cfg):
+        import importlib.util
+
+        if importlib.util.find_spec("cryptography") is None:
+            raise BackendUnavailableError(
+                f"runtime.cluster: {cfg.cluster} secures its scheduler and workers with TLS, which needs the "
+                "cryptography package; pip install cryptography"
+            )
+
+
+def secured(cfg) -> bool:
+    """Whether this job's own cluster listens on the network, and so gets TLS credentials of its own
+    (:func:`cluster_security`): ``local`` with worker processes and ``local-cuda``. A ``local`` cluster of
+    threads (``processes: false``) talks in-process (``inproc://``) and listens on no port but the
+    dashboard's; an external scheduler (``scheduler``) has its own security, from the Dask config."""
+    return cfg.cluster == "local-cuda" or (cfg.cluster == "local" and cfg.processes)
+
+
+def cluster_security(cfg):
+    """The TLS credentials of this job's local cluster, or None where it has none (:func:`secured`).
+
+    A private key and a certificate signed with it, made afresh for each cluster (distributed's
+    ``Security.temporary``: an RSA key, 20-120 ms on two busy cores) and held in memory: the job process gives them to the scheduler and
+    the nannies, the nannies to the worker processes they start (in the worker's arguments, through a pipe
+    or the fork server's socket, never through a file or the environment). Every connection between them is
+    TLS with a certificate required on both sides, and the certificate is the only one trusted, so a process
+    without the key can neither connect to the scheduler nor to a worker or nanny: a plain ``tcp://``
+    connection, a TLS one without a certificate and one with a certificate of its own are all refused.
+    (distributed writes the key for a moment into a private temporary directory when it makes an SSL context;
+    a process of the same user can read the job's memory anyway.)"""
+    if not secured(cfg):
+        return None
+    from distributed.security import Security
+
+    try:
+        return Security.temporary()
+    except ImportError:  # check_runtime says so first; this is for callers that skipped it
+        raise BackendUnavailableError(
+            f"runtime.cluster: {cfg.cluster} secures its scheduler and workers with TLS, which needs the "
+            "cryptography package; pip install cryptography"
+        ) from None
+
+
+def tls_args(security) -> dict:
+    """A local cluster's arguments for its credentials: TLS on every connection, or nothing (none)."""
+    return {} if security is None else {"security": security, "protocol": "tls"}
 
 
 #: the libraries whose GPU allocations dask-cuda routes through each worker's RMM pool
@@ -283,19 +335,23 @@ class IgnoreSigint(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def local_cluster_args(cfg, n_workers: int) -> dict:
-    """``distributed.LocalCluster``'s arguments for ``runtime.cluster: local``."""
+def local_cluster_args(cfg, n_workers: int, security=None) -> dict:
+    """``distributed.LocalCluster``'s arguments for ``runtime.cluster: local``, with TLS on every connection
+    when given the cluster's credentials (:func:`cluster_security`)."""
     return {
         "n_workers": n_workers,
         "threads_per_worker": cfg.threads_per_worker,
         "processes": cfg.processes,
         "dashboard_address": cfg.dashboard_address,
         "silence_logs": worker_log_level(),
+        **tls_args(security),
     }
 
 
-def local_cuda_cluster_args(cfg, n_workers: int) -> dict:
-    """``dask_cuda.LocalCUDACluster``'s arguments for ``runtime.cluster: local-cuda``.
+def local_cuda_cluster_args(cfg, n_workers: int, security=None) -> dict:
+    """``dask_cuda.LocalCUDACluster``'s arguments for ``runtime.cluster: local-cuda``. Its credentials
+    (:func:`cluster_security`) as for a LocalCluster: dask-cuda takes ``protocol`` itself and passes
+    ``security`` on to LocalCluster.
 
     With a pool (``rmm_pool_size``: ``auto`` = 80% of each GPU, or a size), dask-cuda makes the pool
     on each worker and points PyTorch and CuPy at it (``rmm_allocator_external_lib_list``), so the
@@ -306,6 +362,7 @@ def local_cuda_cluster_args(cfg, n_workers: int) -> dict:
         "threads_per_worker": cfg.threads_per_worker,
         "dashboard_address": cfg.dashboard_address,
         "silence_logs": worker_log_level(),
+        **tls_args(security),
     }
     pool = 0.8 if cfg.rmm_pool_size == "auto" else cfg.rmm_pool_size
     if pool is not None:
@@ -333,6 +390,52 @@ def worker_allocators() -> str:
     return ", ".join(out)
 
 
+def join_scheduler(cfg):
+    """A client of the existing cluster of ``runtime.cluster: scheduler``, or a one-line error.
+
+    No security is given: the client takes the Dask config's (``distributed.comm.tls.*``), as any Dask client
+    does, so a scheduler secured with TLS is joined with the certificate and key the config names.
+
+    The error is raised after the failed client is collected: a ``Client`` whose start failed is left in a
+    reference cycle, and its ``__del__`` stops its event loop under a lock that distributed's loop runners share
+    (``LoopRunner._lock``, not reentrant). Collected later, at whatever moment the garbage collector picks, it
+    could run while another client of this process starts its loop and holds that lock: that start then waits
+    for ever (seen in tests that tried several schedulers in one process)."""
+    import gc
+
+    from distributed import Client
+    from distributed.comm.core import FatalCommClosedError
+
+    target = cfg.address or cfg.scheduler_file
+    field, where = (
+        ("runtime.address", f"at {cfg.address}") if cfg.address else ("runtime.scheduler_file", f"of {target}")
+    )
+    try:
+        if cfg.scheduler_file is not None:
+            return Client(scheduler_file=str(cfg.scheduler_file), timeout="20s")
+        return Client(cfg.address, timeout="20s")
+    except TypeError as e:  # distributed's words for a tls:// address and no TLS settings
+        if "ssl_context" not in str(e):
+            raise
+        failure = (
+            f"{field}: the Dask scheduler {where} speaks TLS and the Dask config gives this process no TLS "
+            "credentials; set distributed.comm.tls.ca-file, .client.cert and .client.key (docs/deployment.md, "
+            "'Securing the cluster')"
+        )
+    except FatalCommClosedError:  # an OSError: the TLS handshake failed, the address was reached
+        failure = (
+            f"{field}: the Dask scheduler {where} and this process do not accept each other's TLS certificates; "
+            "check distributed.comm.tls.* in the Dask config (docs/deployment.md, 'Securing the cluster')"
+        )
+    except (OSError, TimeoutError) as e:
+        failure = (
+            f"runtime.address: cannot reach the Dask scheduler at {target} ({type(e).__name__}); "
+            "start it (dask scheduler) or fix the address"
+        )
+    gc.collect()  # outside the except clause: the failed client is unreferenced now (see above)
+    raise BackendUnavailableError(failure)
+
+
 class Runtime:
     """``with Runtime(job.runtime) as client: ...`` starts (or joins) the cluster and closes it after.
 
@@ -346,6 +449,7 @@ class Runtime:
         self.cluster = None
         self.client = None
         self.description: dict = {}
+        self.security = None  # a local cluster's TLS credentials (cluster_security), while it runs
         self._scope = contextlib.ExitStack()  # settings that last as long as the cluster
 
     def __enter__(self):
@@ -364,6 +468,7 @@ class Runtime:
         n = cfg.n_workers or default_n_workers(cfg)
         if cfg.cluster in ("local", "local-cuda"):
             self._scope.enter_context(environ_kept_of_workers())
+            self.security = cluster_security(cfg)
         if cfg.cluster == "local":
             import dask
             from distributed import LocalCluster
@@ -372,14 +477,14 @@ class Runtime:
                 self._scope.enter_context(dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}))
                 self.description["worker_start"] = "forkserver"
             with sigint_blocked() if cfg.processes else contextlib.nullcontext(), worker_allocator_env():
-                self.cluster = LocalCluster(**local_cluster_args(cfg, n))
-            self.client = Client(self.cluster)
+                self.cluster = LocalCluster(**local_cluster_args(cfg, n, self.security))
+            self.client = Client(self.cluster)  # with the cluster's own credentials (its .security)
             if cfg.processes:
                 self.client.register_plugin(IgnoreSigint())
         elif cfg.cluster == "local-cuda":
             from dask_cuda import LocalCUDACluster
 
-            kw = local_cuda_cluster_args(cfg, n)
+            kw = local_cuda_cluster_args(cfg, n, self.security)
             with sigint_blocked(), worker_allocator_env():
                 self.cluster = LocalCUDACluster(**kw)
             self.client = Client(self.cluster)
@@ -387,17 +492,7 @@ class Runtime:
             self.description["rmm_pool_size"] = kw.get("rmm_pool_size")
             self.description["rmm"] = sorted(set(self.client.run(worker_allocators).values()))
         else:
-            try:
-                if cfg.scheduler_file is not None:
-                    self.client = Client(scheduler_file=str(cfg.scheduler_file), timeout="20s")
-                else:
-                    self.client = Client(cfg.address, timeout="20s")
-            except (OSError, TimeoutError) as e:
-                target = cfg.address or cfg.scheduler_file
-                raise BackendUnavailableError(
-                    f"runtime.address: cannot reach the Dask scheduler at {target} ({type(e).__name__}); "
-                    "start it (dask scheduler) or fix the address"
-                ) from None
+            self.client = join_scheduler(cfg)
         workers = self.client.scheduler_info()["workers"]
         if not workers and cfg.cluster == "scheduler":
             self.client.wait_for_workers(1, timeout=120)
@@ -408,6 +503,8 @@ class Runtime:
                 "n_workers": len(workers),
                 "threads_per_worker": cfg.threads_per_worker,
                 "dashboard": self.client.dashboard_link,
+                # tls: every connection authenticated (a local cluster's own credentials, or the config's)
+                "protocol": self.client.scheduler.address.split("://", 1)[0],
             }
         )
         return self.client
@@ -416,6 +513,7 @@ class Runtime:
         interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
         with logging_off() if interrupted else contextlib.nullcontext():
             client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+            self.security = None
             if client is not None:
                 client.close()
             if cluster is not None:
