@@ -251,13 +251,12 @@ def _device(device) -> str:
     if d.type not in ("cpu", "cuda"):
         raise ArgumentError(f"device: must be 'cpu', 'cuda' or 'cuda:N'; got {_show(device)}")
     if d.type == "cuda":
-        from rapids_attn.devices import cuda_device_count
+        from rapids_attn.devices import missing_cuda_device
 
-        n = cuda_device_count()
-        if n == 0:
-            raise ArgumentError(f"device: {_show(device)} requested but no CUDA device is visible; use device='cpu'")
-        if d.index is not None and d.index >= n:
-            raise ArgumentError(f"device: {_show(device)} requested but {n} CUDA device(s) are visible (0..{n - 1})")
+        why = missing_cuda_device(d.index)
+        if why is not None:
+            fix = "; use device='cpu'" if why.startswith("no ") else ""
+            raise ArgumentError(f"device: {_show(device)} requested but {why}{fix}")
     return str(d)
 
 

@@ -39,6 +39,17 @@ def cuda_device_count() -> int:
         return 0
 
 
+def missing_cuda_device(index: int | None) -> str | None:
+    """Why CUDA device ``index`` (None: the current one) cannot be used here, or None when it can: the API's
+    ``device`` argument is checked through this module, the only one that looks at CUDA."""
+    n = cuda_device_count()
+    if n == 0:
+        return "no CUDA device is visible"
+    if index is not None and index >= n:
+        return f"{n} CUDA device(s) are visible (0..{n - 1})"
+    return None
+
+
 def _cuml_available() -> bool:
     return importlib.util.find_spec("cuml") is not None and importlib.util.find_spec("cupy") is not None
 
