@@ -536,7 +536,7 @@ class RelevanceConfig(Section):
         if not value:
             raise ValueError("is empty, which ranks every token the same; list heads, or leave it out for all heads")
         if len(set(value)) != len(value) or any(h < 0 for h in value):
-            raise ValueError(f"must be distinct non-negative head indices, got {show(value)}")
+            raise ValueError("must be distinct non-negative head indices; list each head once")
         return value
 
 

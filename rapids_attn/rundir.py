@@ -150,14 +150,35 @@ def _zarr_store_above(p: Path) -> Path | None:
     return None
 
 
+def _cannot_write(where: Path, folder: bool = False) -> str | None:
+    """Why a file (with ``folder``: a folder) cannot be made in ``where``: tried for real and removed at once,
+    since a permission bit says nothing of root, of /proc or /sys, of a read-only mount; None when it can."""
+    import tempfile
+
+    try:
+        if folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".rapids_attn-probe-", dir=where))
+        else:
+            fd, name = tempfile.mkstemp(prefix=".rapids_attn-probe-", dir=where)
+            os.close(fd)
+            os.unlink(name)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
 def check_run_dir_place(run_dir: Path, inputs: dict[str, Path | None] | None = None) -> None:
     """Where the run directory is, checked before anything is written (preflight, so ``--check`` refuses it
     too), changing nothing. Refused, in one line naming output.dir:
 
     - a symbolic link on its path that points nowhere (the run would fail creating it);
-    - a directory this user cannot write (the run directory, or the nearest folder above it that exists);
-    - a symbolic link in the place of a folder the explain stage writes into (``report/`` and its folders):
-      it would send the run's writes, and removals, into a folder it did not make;
+    - a directory this user cannot write (the run directory, or the nearest folder above it that exists), by
+      its permissions and then by a real try: a file made and removed at once in the run directory and in each
+      folder of ours already there (``store.zarr``, ``report/``, ...), or a folder in the nearest one above
+      it (root ignores permission bits; /proc, /sys and read-only mounts do not);
+    - a symbolic link in the place of a folder the explain stage writes into (``report/`` and its folders), or
+      of the lock or the marker: it would send the run's writes, and removals, into a file or folder it did
+      not make;
     - a run directory inside a Zarr store (another run's ``store.zarr``), or equal to or inside an input the
       job reads (``inputs``: field -> path, e.g. data.path and a local model folder), or one whose outputs
       would land on such an input.
@@ -179,13 +200,28 @@ def check_run_dir_place(run_dir: Path, inputs: dict[str, Path | None] | None = N
             f"output.dir: {here} is not writable by this user{' (read-only)' if here == run_dir else ''}; fix its "
             "permissions or set output.dir to a directory you can write"
         )
-    for rel in OWN_FOLDERS:
+    for rel in (*OWN_FOLDERS, LOCK_NAME, MARKER):
         q = run_dir / rel
         if q.is_symlink():
             raise RunDirError(
-                f"output.dir: {q} is a symbolic link (to {_link_target(q)}); rapids_attn writes only into folders it "
-                "made, never through a link: remove the link (its target is kept) or set output.dir to a new directory"
+                f"output.dir: {q} is a symbolic link (to {_link_target(q)}); rapids_attn writes only into files and "
+                "folders it made, never through a link: remove the link (its target is kept) or set output.dir to a "
+                "new directory"
             )
+    for q in [here] if here is not None and here != run_dir else []:
+        why = _cannot_write(q, folder=True)
+        if why is not None:
+            raise RunDirError(
+                f"output.dir: {run_dir} cannot be made under {q} ({why}); set output.dir to another directory"
+            )
+    for rel in ("", *OUTPUTS[:1], *OWN_FOLDERS):  # the run directory and each folder of ours already there
+        q = run_dir / rel if rel else run_dir
+        if q.is_dir() and not q.is_symlink():
+            why = _cannot_write(q)
+            if why is not None:
+                raise RunDirError(
+                    f"output.dir: {q} cannot be written ({why}); fix its permissions or set output.dir to a new directory"
+                )
     resolved = run_dir.resolve()
     store = _zarr_store_above(resolved)
     if store is not None:

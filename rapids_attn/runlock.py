@@ -10,6 +10,7 @@ exits (kill -9 included), so a stale lock file never blocks a later run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -27,7 +28,17 @@ class RunDirBusyError(UserError):
 def run_lock(run_dir: Path):
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the whole run, closed below
+    path = run_dir / LOCK_NAME
+    try:  # never through a link: the pid written below would replace the linked file's contents
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise RunDirBusyError(
+            f"output.dir: {path} is a symbolic link; rapids_attn never writes through a link it did not make: "
+            "remove the link (its target is kept) and rerun"
+        ) from None
+    f = os.fdopen(fd, "r+")  # held open for the whole run, closed below
     try:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -97,6 +97,11 @@ def build_index(
     path = Path(path)
     if not path.exists():
         raise DataError(f"data.path: no such file or directory: {path}; set data.path to an existing file")
+    if not (path.is_file() or path.is_dir()):  # a pipe would block the pass, a device never end it
+        raise DataError(
+            f"data.path: {path} is not a regular file or folder (a pipe, device or socket); write the data to a file "
+            "and set data.path to it"
+        )
     if format not in FORMATS:
         raise DataError(f"data.format: unknown format {format!r}; use one of {', '.join(FORMATS)}")
     fmt = detect_format(path) if format == "auto" else format

@@ -386,8 +386,9 @@ def _unreadable(path: Path) -> str | None:
     return None
 
 
-#: why a ``.bin`` is refused when torch's weights-only unpickler will not read it
-UNSAFE_BIN = "unsafe"
+#: why a ``.bin`` is refused when torch's weights-only unpickler will not read it: it names a function to call
+#: (code), or it holds what that unpickler does not read at all (damaged bytes, another pickle protocol's opcodes)
+UNSAFE_BIN, NOT_WEIGHTS = "unsafe", "not-weights"
 
 
 def _unsafe_pickle(path: Path, zipped: bool) -> str | None:
@@ -404,8 +405,11 @@ def _unsafe_pickle(path: Path, zipped: bool) -> str | None:
         with warnings.catch_warnings():  # torch's notes on an old file's pickle protocol: not the user's concern
             warnings.simplefilter("ignore")
             torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
-    except pickle.UnpicklingError:
-        return UNSAFE_BIN
+    except pickle.UnpicklingError as e:  # torch's weights-only refusal: a global it does not allow, or an opcode
+        text = str(e).lower()
+        if "unsupported global" in text:  # a pickle that would call a function on load: code
+            return UNSAFE_BIN
+        return NOT_WEIGHTS if "weights only load failed" in text else one_line(e)
     except (OSError, RuntimeError, EOFError, ValueError) as e:
         return one_line(e)
     return None
@@ -442,6 +446,12 @@ def check_weights(cfg, source: str) -> None:
         if why is not None and not os.access(f, os.R_OK):
             raise ModelError(
                 f"model.name: the weights file {f} cannot be read (permission denied); let this user read it"
+            )
+        if why == NOT_WEIGHTS:
+            raise ModelError(
+                f"model.name: the weights file {f} is not one torch.load(weights_only=True) reads (damaged, or a pickle "
+                "holding more than tensors, which could run code); it is not loaded: save the model again, or use a "
+                "safetensors file from a source you trust"
             )
         if why == UNSAFE_BIN:
             raise ModelError(

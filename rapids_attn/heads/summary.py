@@ -184,8 +184,11 @@ def run_probes(capture: dict, meta: dict, probing, seed: int) -> dict:
             res = probe_heads(x, y, folds=probing.folds, seed=seed)
             acc = np.asarray(res["accuracy"])
             best = best_heads_probe(x, y, hidden, min(probing.top_k, acc.size), acc, folds=probing.folds, seed=seed)
-        except ValueError as e:  # too few examples per class for the folds, and the like: say so, go on
-            out["skipped"][task] = str(e).splitlines()[0][:200]
+        except ValueError:  # too few examples per class for the folds (scikit-learn's message is its own): go on
+            out["skipped"][task] = (
+                f"too few examples of each class for {probing.folds}-fold cross-validation and the best-heads probe "
+                "inside it (raise heads.examples or lower heads.probing.folds)"
+            )
             continue
         top = np.dstack(np.unravel_index(np.argsort(-acc, axis=None)[:5], acc.shape))[0]
         out["tasks"][task] = {

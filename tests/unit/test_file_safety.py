@@ -224,15 +224,23 @@ class _Payload:
         return (os.system, (f"touch {self.flag}",))
 
 
-def test_a_bin_that_weights_only_refuses_is_refused_in_preflight(capsys, tmp_path, tiny_bert_dir):
+@pytest.mark.parametrize(
+    ("protocol", "says"),
+    [
+        (2, "holds more than tensors (torch.load with weights_only=True refuses it: a pickle that would run code)"),
+        (4, "is not one torch.load(weights_only=True) reads (damaged, or a pickle holding more than tensors"),
+    ],
+)
+def test_a_bin_that_weights_only_refuses_is_refused_in_preflight(capsys, tmp_path, tiny_bert_dir, protocol, says):
+    """Protocol 2 reaches the payload's global, which torch names; protocol 4's framing is refused before it."""
     model = tmp_path / "model"
     shutil.copytree(tiny_bert_dir, model)
     (model / "model.safetensors").unlink()
     flag = tmp_path / "ran"
-    (model / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(flag)))
+    (model / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(flag), protocol=protocol))
     job = _job(tmp_path, model)
     for args in (["--check"], []):
-        one_line_exit_2(capsys, [job, *args], f"model.name: the weights file {model / 'pytorch_model.bin'} holds more")
+        one_line_exit_2(capsys, [job, *args], f"model.name: the weights file {model / 'pytorch_model.bin'} {says}")
     assert not flag.exists() and not (tmp_path / "run").exists()
 
 
@@ -247,3 +255,45 @@ def test_a_whole_bin_still_passes(capsys, tmp_path, tiny_bert_dir):
     (model / "model.safetensors").unlink()
     assert (model / "pytorch_model.bin").is_file()
     assert main([str(_job(tmp_path, model)), "--check"]) == 0
+
+
+# -- found on a second hostile pass: a linked lock, a pipe as data, a run directory no one can make ----------
+
+
+def test_a_linked_lock_file_is_refused_and_its_target_kept(capsys, run, tmp_path):
+    """The lock is opened to write the holder's pid: through a link that replaced a user's file with a pid."""
+    from rapids_attn.runlock import LOCK_NAME, run_lock
+
+    job, run_dir = run
+    mine = tmp_path / "diary.txt"
+    mine.write_text("my diary\n")
+    (run_dir / LOCK_NAME).unlink(missing_ok=True)
+    (run_dir / LOCK_NAME).symlink_to(mine)
+    for args in (["--stages", "explain", "--check"], ["--stages", "explain"], ["--stages", "learn"]):
+        one_line_exit_2(capsys, [job, *args], f"{run_dir / LOCK_NAME} is a symbolic link")
+    with pytest.raises(Exception, match="is a symbolic link"), run_lock(run_dir):  # the lock itself refuses too
+        pass
+    assert mine.read_text() == "my diary\n" and (run_dir / LOCK_NAME).is_symlink()
+
+
+def test_a_pipe_as_data_is_refused_not_waited_on(capsys, tmp_path, tiny_bert_dir):
+    fifo = tmp_path / "pairs.jsonl"
+    os.mkfifo(fifo)
+    job = _job(tmp_path, tiny_bert_dir, fifo)
+    one_line_exit_2(capsys, [job, "--check"], f"data.path: {fifo} is not a regular file or folder")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_run_directory_that_cannot_be_made_is_refused_by_check(capsys, tmp_path, tiny_bert_dir):
+    """/proc takes no new folder whatever the user (root's permission bits say it may): tried, not assumed."""
+    job = _job(tmp_path, tiny_bert_dir, output={"dir": "/proc/rapids_attn_run"})
+    one_line_exit_2(capsys, [job, "--check"], "output.dir: /proc/rapids_attn_run cannot be made under /proc")
+
+
+def test_a_bin_of_random_bytes_is_refused_as_no_weights_file(capsys, tmp_path, tiny_bert_dir):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model)
+    (model / "model.safetensors").unlink()
+    (model / "pytorch_model.bin").write_bytes(bytes(range(7, 256)) * 40)
+    err = one_line_exit_2(capsys, [_job(tmp_path, model), "--check"], "is not one torch.load(weights_only=True) reads")
+    assert "damaged" in err and "save the model again" in err

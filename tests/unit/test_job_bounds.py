@@ -302,8 +302,11 @@ def test_available_cpus_is_this_process_share():
     ("value", "says"),
     [
         ("[]", "relevance.pagerank_heads: is empty, which ranks every token the same"),
-        ("[-1]", "relevance.pagerank_heads: must be distinct non-negative head indices, got [-1]"),
-        ("[0, 2, 0]", "must be distinct non-negative head indices, got [0, 2, 0]"),
+        (
+            "[-1]",
+            "relevance.pagerank_heads: must be distinct non-negative head indices; list each head once (got [-1])",
+        ),
+        ("[0, 2, 0]", "must be distinct non-negative head indices; list each head once (got [0, 2, 0])"),
         ("[true]", "relevance.pagerank_heads: must be a whole number in each entry, not true/false"),
     ],
     ids=["empty", "negative", "repeated", "bool"],
