@@ -276,8 +276,48 @@ REPORT_FILES: dict[str, re.Pattern] = {
 OWN_FOLDERS = (REPORT, f"{REPORT}/headviews", f"{REPORT}/headviews/vendor")
 
 
+#: ``report/<this>``: the files the explain stage last wrote there (a JSON list of paths relative to ``report/``)
+REPORT_MANIFEST = ".rapids_attn-files.json"
+
+
+def read_report_manifest(report: Path) -> set[str] | None:
+    """The files the last explain stage wrote under ``report`` by its manifest; None when there is none (a report
+    of a version before it) or it is not ours. Only paths of rapids_attn's own names count, whatever it says."""
+    try:
+        names = json.loads((Path(report) / REPORT_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(names, list):
+        return None
+    return {n for n in names if isinstance(n, str) and _own_report_name(n)}
+
+
+def _own_report_name(rel: str) -> bool:
+    """A path relative to ``report/`` that the explain stage may write: one of its names, in one of its folders."""
+    folder, _, name = rel.rpartition("/")
+    pattern = REPORT_FILES.get(folder or ".")
+    return pattern is not None and ".." not in rel.split("/") and pattern.match(name) is not None
+
+
+def write_report_manifest(report: Path, written: set[str]) -> None:
+    """Record what this explain stage wrote under ``report`` (atomically): what a later run may replace or remove."""
+    tmp = Path(report) / (REPORT_MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(sorted(written), indent=1) + "\n")
+    tmp.replace(Path(report) / REPORT_MANIFEST)
+
+
+def own_report_files(report: Path) -> set[str]:
+    """What of ``report``'s files rapids_attn may replace or remove (paths relative to it): those its manifest
+    lists (what the last explain stage wrote: a user's ``montage_99.png`` beside them is not among them) or,
+    for a report of a version before the manifest, every file of its own names."""
+    listed = read_report_manifest(report)
+    if listed is not None:
+        return {rel for rel in listed if (Path(report) / rel).is_file() or (Path(report) / rel).is_symlink()}
+    return {str(p.relative_to(report)) for p in _own_report_files(report)}
+
+
 def _own_report_files(report: Path) -> list[Path]:
-    """The files under ``report`` that the explain stage wrote (by name), deepest folder first."""
+    """The files under ``report`` of the explain stage's names (by pattern), deepest folder first."""
     out = []
     for sub in sorted(REPORT_FILES, key=len, reverse=True):
         folder = report if sub == "." else report / sub
@@ -292,9 +332,10 @@ def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
     remove the explain stage's earlier outputs from a marked run directory: they describe the store as it
     was, and a reader would take them for this run's. Only the files rapids_attn wrote, by name, in a
     directory it marked: never a folder as a whole, never through a symbolic link (a link in the place of an
-    output is removed itself, its target kept), and a user's file in ``report/`` stays, with the folders
-    that hold it. Called only once every check of the run has passed (preflight, then the lock). Returns the
-    names removed."""
+    output is removed itself, its target kept): under ``report/`` what its manifest says the last explain stage
+    wrote (:func:`own_report_files`), so a user's file there stays, with the folders that hold it, and the
+    manifest, then empty, stays with them (a file of theirs named as ours is never taken for ours later).
+    Called only once every check of the run has passed (preflight, then the lock). Returns the names removed."""
     run_dir = Path(run_dir)
     if "explain" in stages or not STORE_STAGES & set(stages) or read_marker(run_dir) is None:
         return []
@@ -304,15 +345,21 @@ def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
         if p.is_symlink() or p.is_file():
             p.unlink()
         elif p.is_dir():
-            files = _own_report_files(p) if name == REPORT else []
+            files = sorted(own_report_files(p)) if name == REPORT else []
             if not files:
                 continue
-            for f in files:
-                f.unlink()
+            for rel in files:
+                (p / rel).unlink()
             for sub in sorted(REPORT_FILES, key=len, reverse=True):  # the folders left empty, deepest first
                 folder = p if sub == "." else p / sub
-                if folder.is_dir() and not folder.is_symlink() and not any(os.scandir(folder)):
+                left = {e.name for e in os.scandir(folder)} if folder.is_dir() and not folder.is_symlink() else None
+                if sub == "." and left == {REPORT_MANIFEST}:
+                    (p / REPORT_MANIFEST).unlink()
+                    left = set()
+                if left == set():
                     folder.rmdir()
+            if p.is_dir():  # a user's files stay: the manifest now lists nothing of ours (none of theirs is)
+                write_report_manifest(p, set())
         else:
             continue
         removed.append(name)

@@ -150,9 +150,20 @@ def _example(examples, index: int):
 
 
 def write_head_views(
-    report_dir, model_cfg, examples, items, *, all_layers: bool = False, all_heads: bool = False, decimals: int = 3
+    report_dir,
+    model_cfg,
+    examples,
+    items,
+    *,
+    all_layers: bool = False,
+    all_heads: bool = False,
+    decimals: int = 3,
+    owned: set[str] | None = None,
 ) -> dict[int, list[str]]:
     """Write one head-view page per exemplar; return ``{cluster id: [page path relative to report_dir]}``.
+
+    ``owned``: the paths (relative to ``report_dir``) an earlier report wrote (its manifest); of those, the pages
+    this run does not write are removed. None: every file of a page's name.
 
     model_cfg: the job's ``ModelConfig`` (or its dict). examples: the run's examples, indexable by
     ``example_index`` (a list in store order, a mapping, or the job's ``ctx.data.examples()``, which reads
@@ -261,7 +272,8 @@ def write_head_views(
         written[cid] = paths
     keep = {PurePath(x).name for paths in written.values() for x in paths}
     for old in out_dir.glob("cluster*_ex*.html"):  # pages of an earlier run's clusters
-        if _PAGE_RE.match(old.name) and old.name not in keep:
+        mine = owned is None or f"{HEADVIEW_DIR}/{old.name}" in owned
+        if mine and _PAGE_RE.match(old.name) and old.name not in keep:
             old.unlink()
     log.info("wrote %d head views in %s", sum(len(p) for p in written.values()), out_dir)
     return written

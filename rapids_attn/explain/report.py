@@ -263,6 +263,8 @@ def write_report(
     headviews: dict[int, list[str]] | None = None,
     heads=None,
     relevance: dict | None = None,
+    owned: set[str] | None = None,
+    written: set[str] | None = None,
 ) -> Path:
     """Write ``run_dir/report/index.html`` and its figures; return the path of ``index.html``.
 
@@ -270,6 +272,10 @@ def write_report(
     ``headviews`` maps a cluster id to the head-view pages written for it (paths relative to
     ``report/``, as :func:`rapids_attn.explain.headview.write_head_views` returns them); links are
     made only to pages that exist inside the report folder.
+
+    ``owned``: the names in ``report/`` an earlier report wrote (its manifest, :func:`rapids_attn.rundir.
+    own_report_files`); of those, the figures this report does not draw are removed. None: every file of a
+    figure's name. ``written``, when given, receives the names this report wrote.
     """
     report_dir = Path(run_dir) / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -285,11 +291,14 @@ def write_report(
         (stage / "index.html").write_text(page, encoding="utf-8")
         names = set(figs.names())
         for old in report_dir.iterdir():
-            if old.is_file() and _FIGURE_RE.match(old.name) and old.name not in names:
+            mine = old.name in owned if owned is not None else _FIGURE_RE.match(old.name)
+            if old.is_file() and mine and _FIGURE_RE.match(old.name) and old.name not in names:
                 old.unlink()
         for name in names:
             os.replace(stage / name, report_dir / name)
         os.replace(stage / "index.html", index)  # last: the page appears only when everything is in place
+        if written is not None:
+            written.update({*names, "index.html"})
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return index

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rapids_attn.stage import RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
@@ -137,8 +138,9 @@ class ExplainStage(Stage):
 
     def _report(self, ctx: RunContext, summary: dict, findings, arrays):
         from rapids_attn.explain.findings import ClusteringOverview, RunOverview
-        from rapids_attn.explain.headview import head_view_sizes, write_head_views
+        from rapids_attn.explain.headview import VENDOR_FILES, head_view_sizes, write_head_views
         from rapids_attn.explain.report import write_report
+        from rapids_attn.rundir import own_report_files, write_report_manifest
 
         c = summary["clusters"]
         overview = RunOverview(
@@ -157,10 +159,18 @@ class ExplainStage(Stage):
                 embedder=self.embed_name,
             ),
         )
+        report_dir = ctx.run_dir / "report"
+        before = own_report_files(report_dir) if report_dir.is_dir() else set()  # what earlier reports wrote
+        written: set[str] = set()
         views = None
         if self.explain_cfg.head_views:
             try:
-                views = write_head_views(ctx.run_dir / "report", self.model_cfg, ctx.data.examples(), findings.clusters)
+                views = write_head_views(
+                    report_dir, self.model_cfg, ctx.data.examples(), findings.clusters, owned=before
+                )
+                if views:
+                    written |= {p for paths in views.values() for p in paths}
+                    written |= {f"headviews/vendor/{n}" for n in (*VENDOR_FILES, "LICENSES.txt")}
             except Exception as e:  # noqa: BLE001 - the head views are an aid: the report goes on without them, and says so
                 first = str(e).splitlines()[0][:200] if str(e) else ""
                 msg = f"head views not written ({type(e).__name__}: {first})"
@@ -168,6 +178,8 @@ class ExplainStage(Stage):
                 print(f"warning: {msg}", file=sys.stderr)
             summary["head_views"] = head_view_sizes(ctx.run_dir / "report", views)  # pages, bytes: kept small
         self._explorer(ctx, summary)  # first, so that the report links to it
+        if summary.get("explorer"):
+            written.add(Path(summary["explorer"]["path"]).name)
         index = write_report(
             ctx.run_dir,
             overview,
@@ -176,7 +188,12 @@ class ExplainStage(Stage):
             views,
             heads=getattr(self, "_heads", None),
             relevance=getattr(self, "_relevance", None),
+            owned=before,
+            written=written,
         )
+        for rel in sorted(before - written):  # an earlier report's files this one did not write again
+            (report_dir / rel).unlink(missing_ok=True)
+        write_report_manifest(report_dir, written)
         return index
 
     def _explorer(self, ctx: RunContext, summary: dict) -> None:

@@ -2,6 +2,7 @@
 anything is removed (issue 33): each case is run through the CLI against a finished run directory (or a fresh
 one) and the files are compared byte for byte before and after."""
 
+import json
 import os
 import pickle
 import shutil
@@ -91,7 +92,10 @@ def test_a_users_files_in_report_survive_a_run_without_explain(capsys, run, stag
     (report / "headviews" / "my_view.html").write_text("<p>mine</p>")
     (report / "drafts").mkdir()
     (report / "drafts" / "figure.png").write_bytes(b"my figure")
-    mine = {p: p.read_bytes() for p in (report / "my_notes.txt", report / "headviews/my_view.html")}
+    (report / "montage_99.png").write_bytes(b"my montage, named as rapids_attn names its own")
+    (report / "headviews" / "cluster9_ex9.html").write_text("<p>my page, named as its pages are</p>")
+    kept = ("my_notes.txt", "headviews/my_view.html", "montage_99.png", "headviews/cluster9_ex9.html")
+    mine = {report / k: (report / k).read_bytes() for k in kept}
     ours = sorted(p.name for p in report.iterdir() if p.suffix in (".html", ".png"))
     assert "index.html" in ours and "explorer.html" in ours and "scatter_cluster.png" in ours
     assert main([str(job), "--stages", stages]) == 0
@@ -100,20 +104,24 @@ def test_a_users_files_in_report_survive_a_run_without_explain(capsys, run, stag
         assert p.read_bytes() == body
     assert (report / "drafts" / "figure.png").read_bytes() == b"my figure"
     left = {str(p.relative_to(report)) for p in report.rglob("*") if p.is_file()}
-    assert left == {"my_notes.txt", "headviews/my_view.html", "drafts/figure.png"}  # ours gone, vendor/ too
+    assert left == {*kept, "drafts/figure.png", ".rapids_attn-files.json"}  # ours gone (the manifest's), vendor/ too
+    assert json.loads((report / ".rapids_attn-files.json").read_text()) == []  # a user's file is never listed
     assert not (run_dir / "summary.json").exists() and not (run_dir / "maps.parquet").exists()
     assert main([str(job), "--stages", "explain"]) == 0  # written again beside the user's files
-    assert (report / "index.html").is_file() and (report / "my_notes.txt").read_text() == "notes I keep"
+    assert (report / "index.html").is_file()
+    for p, body in mine.items():  # an explain run of its own keeps them too
+        assert p.read_bytes() == body
 
 
 def test_every_file_of_a_full_report_is_one_rapids_attn_names(finished):
     """The by-name list the stale-output removal uses covers everything a full report writes: nothing of ours is
     left behind as a stale page, and nothing else is ours."""
-    from rapids_attn.rundir import _own_report_files
+    from rapids_attn.rundir import REPORT_MANIFEST, _own_report_files, read_report_manifest
 
     report = finished[0] / "report"
-    written = {p for p in report.rglob("*") if p.is_file()}
+    written = {p for p in report.rglob("*") if p.is_file() and p.name != REPORT_MANIFEST}
     assert written and set(_own_report_files(report)) == written
+    assert read_report_manifest(report) == {str(p.relative_to(report)) for p in written}  # the manifest says the same
 
 
 # -- (1c, 3) settings preflight refuses, before anything is removed or written ---------------------------
