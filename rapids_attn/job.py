@@ -609,6 +609,14 @@ class OutputConfig(Section):
     #: by the job's name; no other ``{...}`` field is known.
     dir: Path = Path("runs/{name}")
 
+    @field_validator("dir", mode="before")
+    @classmethod
+    def _a_path(cls, value):
+        """null, an empty string or a number is no directory: said with the fix, not as pydantic's type name."""
+        if not isinstance(value, (str, Path)) or not str(value).strip():
+            raise ValueError("must name a directory, e.g. runs/{name}; leave it out for runs/<job name>")
+        return value
+
     @field_validator("dir")
     @classmethod
     def _only_name_field(cls, value: Path) -> Path:

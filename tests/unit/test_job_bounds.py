@@ -370,3 +370,10 @@ def test_a_path_no_file_system_holds_is_refused_naming_its_field(tmp_path, field
         sets.append("runtime.cluster=scheduler")
     say = refused(write_job(tmp_path, job_text(tmp_path)), sets, f"{field}: /tmp/")
     assert "too long for a file system" in say and "shorten it" in say and len(say) < SHORT
+
+
+@pytest.mark.parametrize("value", ["null", "''", "5", "'  '"])
+def test_an_output_dir_that_names_no_directory_says_how_to_fix_it(tmp_path, value):
+    """It said "Input is not a valid path for <class 'pathlib.Path'>", with no fix."""
+    say = refused(write_job(tmp_path, job_text(tmp_path)), [f"output.dir={value}"], "output.dir: must name a directory")
+    assert "leave it out for runs/<job name>" in say and "pathlib" not in say
