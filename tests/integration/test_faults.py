@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 import yaml
 import zarr
-from helpers import CORPUS, Hold, held_after_first_shard, make_job, write_jsonl
+from helpers import Hold, held_after_first_shard, make_job, pair_rows, write_jsonl
 
 from rapids_attn.store import schema as S
 
@@ -205,26 +205,10 @@ def extract_rows(run_dir: Path) -> dict[str, np.ndarray]:
 # -- the reference ----------------------------------------------------------------------------------
 
 
-def _rows() -> list[dict]:
-    rows = []
-    for i in range(N_EXAMPLES):
-        ctx = " ".join(CORPUS[i % 5].split() * (1 + (i * 7) % 9))
-        rows.append(
-            {
-                "id": f"q{i}",
-                "question": f"question {i}?",
-                "context": ctx,
-                "topic": f"t{i % 3}",
-                "answerable": i % 2 == 0,
-            }
-        )
-    return rows
-
-
 @pytest.fixture(scope="module")
 def ref(tiny_bert_dir, tmp_path_factory) -> Ref:
     tmp = tmp_path_factory.mktemp("reference")
-    data = write_jsonl(tmp / "data.jsonl", _rows())
+    data = write_jsonl(tmp / "data.jsonl", pair_rows(N_EXAMPLES))
     job = write_fault_job(tmp, tiny_bert_dir, data)
     rc, err = run(job)
     assert rc == 0, err[-3000:]
