@@ -101,9 +101,9 @@ def bare_process(spec: dict) -> dict:
 
 def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
     """``--in-process``: on one thread, in this process, over the job's batches of ``questions`` questions: the
-    bare eager forward, the bare SDPA forward, and the blocked capture (SDPA's output plus every map's image,
-    statistics, profile and detectors, as a worker computes them, without the CNN), alternated ``rounds``
-    times; the best round of each."""
+    bare eager forward, the bare SDPA forward, the blocked capture (SDPA's output plus every map's image,
+    statistics, profile and detectors, as a worker computes them), and extract as a worker runs it (the capture
+    and the pattern CNN over every map), alternated ``rounds`` times; the best round of each."""
     import torch
 
     from rapids_attn.extract.capture import AttentionCapture
@@ -126,18 +126,27 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
             for e in encs:
                 m(**e)
 
-    def capture():
+    from rapids_attn.embed import build_embedder
+    from rapids_attn.job import EmbedConfig
+
+    cnn = build_embedder(EmbedConfig(), 32, "cpu", "float32")
+
+    def capture(embed: bool = False):
         for e, idx in zip(encs, batches, strict=True):
-            masks = TokenMasks.from_ids(e["input_ids"], sep, punct)
+            masks = TokenMasks.from_ids(e["input_ids"], sep, punct, host_ids=e["input_ids"])
             red = LayerReducer(
                 [lengths[i] for i in idx], masks, list(range(n_layers)), list(range(n_heads)), 32, 16, False, "cpu"
             )
             AttentionCapture(models["blocked"], n_layers).run(e, red)
+            if embed:  # as a worker does after each batch: the pattern CNN over every map's image
+                m = red.images.shape[0] * n_layers * n_heads
+                cnn.embed(red.images.reshape(m, 32, 32), red.profile.reshape(m, -1), red.stats.reshape(m, -1))
 
     cases = {
         "bare eager": lambda: bare(models["eager"]),
         "bare sdpa": lambda: bare(models["sdpa"]),
         "blocked capture": capture,
+        "extract (capture + pattern CNN)": lambda: capture(embed=True),
     }
     seconds: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(rounds):

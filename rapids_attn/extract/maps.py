@@ -12,6 +12,7 @@ import functools
 import unicodedata
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 #: Scalar signature of one map, each a mean over the map's query rows (Clark et al. 2019).
@@ -176,13 +177,18 @@ class TokenMasks:
     sep: torch.Tensor
     punct: torch.Tensor
     ids: torch.Tensor
+    #: the ids on the host, where the caller has them (the reducer lists the repeat patterns there; without them
+    #: it copies ``ids`` from the device once)
+    host_ids: torch.Tensor | None = None
 
     @classmethod
-    def from_ids(cls, input_ids: torch.Tensor, sep_ids: torch.Tensor, punct_ids: torch.Tensor) -> TokenMasks:
+    def from_ids(
+        cls, input_ids: torch.Tensor, sep_ids: torch.Tensor, punct_ids: torch.Tensor, host_ids=None
+    ) -> TokenMasks:
         sep = torch.isin(input_ids, sep_ids.to(input_ids.device))
         sep[:, 0] = False  # position 0 is counted as "first", never twice
         punct = torch.isin(input_ids, punct_ids.to(input_ids.device))
-        return cls(sep=sep, punct=punct, ids=input_ids)
+        return cls(sep=sep, punct=punct, ids=input_ids, host_ids=host_ids)
 
 
 #: statistics that weigh each key j the same in every row: the map times a [n, 4] matrix
@@ -370,6 +376,13 @@ class LayerReducer:
     ``R @ a @ R.T``, linear in the rows; each statistic a mean over rows), finished once the layer's
     rows are in. :func:`map_signature`, :func:`offset_profile` and :func:`area_resize` are the plain
     references the tests hold it to.
+
+    The reduction is shaped for a GPU (issue 34): a block is reduced for the whole batch at once, its ragged
+    examples handled by length masks on the padded tensors, so the operations per block (about 80) do not depend
+    on the batch size or the length, and nothing in :meth:`add_rows` or :meth:`end_layer` waits for the device
+    (no ``.item()``, no data-dependent shape). What depends on the token ids (the duplicate-token and induction
+    pattern positions, the rows that have a target) is worked out on the host from the ids when the reducer is
+    built, before the forward, and moved to the device once (:class:`_Patterns`); each block reads its slice.
     """
 
     def __init__(
@@ -387,7 +400,7 @@ class LayerReducer:
         b = len(lengths)
         #: the blocked capture's budget for one block of rows' scores and weights
         self.block_bytes = block_bytes
-        self.lengths = lengths
+        self.lengths = [int(n) for n in lengths]
         self.masks = masks
         self.layers = list(layers)
         self.layer_pos = {layer: i for i, layer in enumerate(layers)}
@@ -406,18 +419,15 @@ class LayerReducer:
         self.stats = torch.zeros(*shape, len(STAT_NAMES), device=device)
         self.profile = torch.zeros(*shape, len(PROFILE_OFFSETS), device=device)
         self.detectors = torch.zeros(*shape, len(DETECTOR_NAMES), device=device)
-        #: example -> its SignatureWeights and [n, S + 4] right-hand side (the resize's R.T beside
-        #: the signature's key columns): the same for every layer, built once
-        self._weights: dict[int, tuple[SignatureWeights, torch.Tensor]] = {}
         self._sums: dict[int, _RowSums] = {}  # layer -> the sums of the rows seen so far
         self._offsets = torch.tensor(PROFILE_OFFSETS, device=device)
-        #: example -> its token groups (_Repeats), built once
-        self._repeats: dict[int, _Repeats] = {}
-        #: bytes the examples' _Repeats may still keep of their blocks' pairs, shared by the batch
-        self._pairs_budget = [PAIRS_CACHE_BYTES]
         #: (keys, first row, rows) -> |i - j| and the recent band of those rows (encoders), while they fit in block_bytes
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
+        self._n_host = np.asarray(self.lengths, dtype=np.int64)
+        self._batch = _BatchWeights.build(self._n_host, masks, image_size, causal, device)
+        host_ids = masks.host_ids if masks.host_ids is not None else masks.ids.cpu()
+        self.patterns = _Patterns(np.asarray(host_ids), self._n_host, device)
 
     #: add_rows takes a block of softmax numerators with SoftmaxRows (the blocked capture's fast path)
     takes_numerators = True
@@ -436,19 +446,6 @@ class LayerReducer:
             return
         self.add_rows(layer, self.select_heads(weights), 0, selected=True)
         self.end_layer(layer)
-
-    def _example(self, b: int, n: int, device) -> tuple[SignatureWeights, torch.Tensor]:
-        """Example b's SignatureWeights and the right-hand side of its rows' one matmul: [n, S + 5], the
-        resize's R.T, the four key columns (first, sep, punct, mass) and each key's position j."""
-        cached = self._weights.get(b)
-        if cached is None:
-            sw = SignatureWeights.build(
-                self.masks.sep[b, :n].to(device), self.masks.punct[b, :n].to(device), self.causal
-            )
-            r = _area_weights(n, self.image_size, str(device))
-            pos = torch.arange(n, device=device, dtype=torch.float32)[:, None]
-            cached = self._weights[b] = (sw, torch.cat([r.T, sw.key_cols, pos], dim=1))
-        return cached
 
     def _distance_rows(self, n: int, r0: int, m: int, device) -> torch.Tensor:
         """[m, n, 2] for rows r0 .. r0 + m - 1 against keys 0 .. n - 1 (bidirectional maps; causal ones use a
@@ -482,16 +479,17 @@ class LayerReducer:
     ) -> None:
         """Add query rows ``first_row .. first_row + rows - 1`` of one layer: ``block`` [batch, head, rows, K]
         (the reducer's heads only when ``selected``, else every head). Rows past an example's length and keys
-        past it are never read, so padding never enters a map. ``K`` may stop short of the batch's length:
-        the keys after it have no weight (a causal block of rows reads the keys up to its last row only).
-        ``row_entropy`` and ``row_max`` [batch, head, rows], when the caller has them from its softmax, spare
-        a pass over the block each.
+        past it never count (masked, in one pass), so padding never enters a map. ``K`` may stop short of the
+        batch's length: the keys after it have no weight (a causal block of rows reads the keys up to its last
+        row only). ``row_entropy`` and ``row_max`` [batch, head, rows], when the caller has them from its softmax,
+        spare a pass over the block each.
 
         With ``softmax`` (:class:`SoftmaxRows`), ``block`` holds the softmax's numerators ``exp(s_ij - top_i)``,
-        not yet divided by their row sums ``z_i``: the one product over the block that the image needs also
+        not yet divided by their row sums ``z_i``: the one product over the block that the signature needs also
         gives ``z_i`` (the key columns' mass) and ``sum_j exp(s_ij - top_i) k_j``, hence each row's entropy
         ``log z_i + top_i - q_i . sum_j p_ij k_j``, and every sum is scaled by ``1 / z_i`` after. That spares
-        the caller three passes over the block (the row sums, the division, the entropy's product).
+        the caller three passes over the block (the row sums, the division, the entropy's product). The keys past
+        an example's length must be hidden by the model's mask (they are: it is the padding mask).
 
         With ``example``, the block [1, head, rows, K] holds that example's rows alone (a long input's windows,
         :mod:`rapids_attn.extract.windows`), and ``log_seen`` [rows], when given, is the log of the keys each
@@ -506,191 +504,240 @@ class LayerReducer:
         if pos is None:
             return
         w = block if selected else self.select_heads(block)
+        bs = slice(None) if example is None else slice(example, example + 1)
+        n_host = self._n_host[bs]
+        r0 = first_row
+        m = min(w.shape[2], int(n_host.max()) - r0)  # rows past every example's length are nobody's
+        if m <= 0:
+            return
+        kw = min(w.shape[3], self._batch.width)
         acc = self._sums.get(layer)
         if acc is None:
             acc = self._sums[layer] = _RowSums(len(self.lengths), w.shape[1], self.image_size, w.device)
-        s, r0 = self.image_size, first_row
-        # (example, its length, its index in the block)
-        targets = enumerate(self.lengths) if example is None else [(example, self.lengths[example])]
-        for wb, (b, n) in enumerate(targets):
-            m = min(r0 + w.shape[2], n) - r0
-            if m <= 0:
-                continue
-            kw = min(w.shape[3], n)  # the keys the block holds; any after them have no weight
-            c = w[wb, :, :m, :kw].float()  # [head, m, kw]: rows r0 .. r0 + m - 1 of the cropped map
-            dev = c.device
-            sw, right = self._example(b, n, dev)
-            inv = None
-            if softmax is None:
-                # [head, m, 5]: the key columns and sum_j a_ij j. A batched product over heads (the right-hand
-                # side broadcast) runs about twice as fast on the CPU as one [head x m, kw] x [kw, 5] product
-                both = torch.bmm(c, right[:kw, s:].expand(c.shape[0], -1, -1))
-            else:  # numerators: the same product with each head's keys beside, then divided by the row sums
-                vals = None if softmax.values is None else softmax.values[wb, :, :n]
-                full = torch.bmm(c, acc.right_with_keys(b, right[:, s:], softmax.keys[wb, :, :n], vals)[:, :kw])
-                z = full[..., _K["mass"]]  # [head, m]
-                inv = 1.0 / z
-                d = softmax.queries.shape[-1]
-                dot = (full[..., 5 : 5 + d] * softmax.queries[wb, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
-                if vals is not None:  # the rows' attention output: sum_j p_ij v_j
-                    softmax.out[wb, :, r0 : r0 + m] = full[..., 5 + d :] * inv[..., None]
-                row_entropy = (torch.log(z) + softmax.top[wb, :, :m].float() - dot)[None]
-                row_max = inv[None]
-                both = full[..., :5] * inv[..., None]
-            keys = both[..., :4]  # a fresh product's columns: changed in place below
-            sp = None if spans is None else spans[:m].to(dev)
-            sk = None if sinks is None else sinks[:m].to(dev)
-            if sk is not None:  # windows: a row's first token is its window's, what the model read as its start
-                start = sk[:, 0]
-                on_start = self._on_window_start(c, start, inv)
-                keys[..., _K["first"]] = on_start
-                # counted as first, never twice (TokenMasks leaves position 0 out of sep for the same reason)
-                sep_start = sw.key_cols[start.clamp(0, n - 1), _K["sep"]] * (start > 0)
-                keys[..., _K["sep"]] -= on_start * sep_start
-            acc.keys[b] += keys.sum(1)
-            self._add_image(acc.image[b], c, right, r0, m, kw, inv)
-            bi = wb if softmax is None else 0
-            if row_entropy is None:
-                ent = -(c * torch.log(c.clamp_min(1e-30))).sum(-1)  # [head, m]
-            else:
-                ent = row_entropy[bi, :, :m].float()
-            acc.entropy[b] += ent.sum(-1)
-            lo = max(sw.first_valid - r0, 0)  # rows that see more than one key: normalised entropy
-            if lo < m:
-                if log_seen is not None:
-                    seen = log_seen[lo:m].to(ent.device)
-                else:
-                    seen = sw.log_seen[r0 + lo - sw.first_valid : r0 + m - sw.first_valid]
-                acc.entropy_norm[b] += (ent[:, lo:] / seen).sum(-1)
-            acc.row_max[b] += (c.amax(-1) if row_max is None else row_max[bi, :, :m].float()).sum(-1)
-            rows = torch.arange(r0, r0 + m, device=dev)
-            # a[i, i + o] for every offset of the profile (self, prev and next among them)
-            at = rows[:, None] + self._offsets.to(dev)[None, :]  # [m, offsets]
-            valid = (at >= 0) & (at < kw)
-            got = c.gather(-1, at.clamp(0, kw - 1).expand(c.shape[0], -1, -1))  # [head, m, offsets]
-            if inv is not None:
-                got = got * inv[..., None]
-            acc.diagonal[b] += (got * valid).sum(1)
-            mass = keys[..., _K["mass"]]  # [head, m]: each row's mass
-            band = None
-            if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
-                acc.distance[b] += (rows.float() * mass - both[..., 4]).sum(-1)
-            else:  # [m, head, 2]: sum_j a_ij |i - j| and the mass on the recent band, one product
-                db = torch.bmm(c.transpose(0, 1), self._distance_rows(kw, r0, m, dev))
-                d = db[..., 0]
-                acc.distance[b] += (d if inv is None else d * inv.T).sum(0)
-                band = db[..., 1].T
-            self._streaming(acc, b, c, r0, rows, n, mass, inv, sp, sk, band)
-            self._repeats_of(b, n, dev).add(acc, b, c, r0, m, mass, inv, sp)
+        bw = self._batch
+        dev = w.device
+        row_ok = bw.row_ok[bs, r0 : r0 + m]  # [b, m] bool: rows an example has
+        s = self.image_size
+        nb = self._image_rows(bs, r0, m)
+        # the image's S columns of R.T ride in the block's one product where the block reaches half the image's
+        # rows or more (short maps: every row); else (a long map's block reaches one or two) R's rows go first
+        merged = 2 * nb >= s
+        inv = cr = None
+        if softmax is None:
+            # the rows and keys an example has, the rest 0: one pass, and every sum below reads a plain map
+            c = torch.where(
+                row_ok[:, None, :, None] & bw.row_ok[bs, None, None, :kw], w[:, :, :m, :kw].float(), 0.0
+            )  # [b, head, m, kw]
+            # [b, head, m, 5 (+ S)]: key columns, sum_j a_ij j (and the rows times R.T)
+            prod = _rows_times(c, bw.right_rt[bs, :kw] if merged else bw.right_rt[bs, :kw, :5])
+            both, cr = prod[..., :5], prod[..., 5:] if merged else None
+        else:  # numerators: the same product with each head's keys beside, then divided by the row sums
+            c = w[:, :, :m, :kw]
+            right = acc.right_with_keys(bw.right_rt, bw.row_ok, softmax.keys, softmax.values)
+            width = right.shape[-1] - (0 if merged else s)
+            full = torch.matmul(c, right[:, :, :kw, :width])  # [b, head, m, 5 + d (+ d_v) (+ S)]
+            if merged:
+                cr = full[..., width - s :]
+            z = full[..., _K["mass"]]
+            inv = torch.where(row_ok[:, None, :], 1.0 / z.clamp_min(1e-30), 0.0)  # [b, head, m]; 0: not a row
+            d = softmax.queries.shape[-1]
+            dot = (full[..., 5 : 5 + d] * softmax.queries[:, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
+            if softmax.values is not None:  # the rows' attention output: sum_j p_ij v_j (0 past a length)
+                softmax.out[:, :, r0 : r0 + m] = full[..., 5 + d : width - (s if merged else 0)] * inv[..., None]
+            row_entropy = (torch.log(z.clamp_min(1e-30)) + softmax.top[:, :, :m].float() - dot) * (inv > 0)
+            row_max = inv
+            both = full[..., :5] * inv[..., None]
+        keys = both[..., :4]  # a fresh product's columns: changed in place below
+        if sinks is not None:  # windows: a row's first token is its window's, what the model read as its start
+            start = sinks[:m, 0].to(dev)
+            on_start = self._on_window_start(c, start, inv)
+            keys[..., _K["first"]] = on_start
+            # counted as first, never twice (TokenMasks leaves position 0 out of sep for the same reason)
+            sep_start = bw.right[bs, :, _K["sep"]].gather(1, start.clamp(0, kw - 1)[None].expand(c.shape[0], -1))
+            keys[..., _K["sep"]] -= on_start * (sep_start * (start > 0))[:, None, :]
+        acc.keys[bs] += keys.sum(2)
+        self._add_image(acc.image[bs], c, cr, bw.right_rt[bs, :, 5:], bs, r0, m, kw, nb, inv)
+        if row_entropy is None:
+            ent = -(c * torch.log(c.clamp_min(1e-30))).sum(-1)  # [b, head, m]: 0 on rows an example lacks
+        else:
+            ent = torch.where(row_ok[:, None, :], row_entropy[:, :, :m].float(), 0.0)
+        acc.entropy[bs] += ent.sum(-1)
+        if log_seen is None:
+            inv_log = bw.inv_log_seen[bs, r0 : r0 + m]  # [b, m]
+        else:  # windows: each row's own keys; rows before the first that sees two keys do not count
+            first_valid = int(bw.first_valid[bs][0])
+            at = torch.arange(r0, r0 + m, device=dev)
+            inv_log = torch.where(at >= first_valid, 1.0 / log_seen[:m].to(dev), 0.0)[None]
+        acc.entropy_norm[bs] += (ent * inv_log[:, None, :]).sum(-1)
+        if row_max is None:
+            rm = c.amax(-1)
+        else:
+            rm = torch.where(row_ok[:, None, :], row_max[:, :, :m].float(), 0.0)
+        acc.row_max[bs] += rm.sum(-1)
+        rows = torch.arange(r0, r0 + m, device=dev)
+        # a[i, i + o] for every offset of the profile (self, prev and next among them)
+        at = rows[:, None] + self._offsets.to(dev)[None, :]  # [m, offsets]
+        seen = (at[None] >= 0) & (at[None] < bw.n_long[bs, None, None]) & (at[None] < kw)  # [b, m, offsets]
+        got = c.gather(-1, at.clamp(0, kw - 1).expand(*c.shape[:2], -1, -1))  # [b, head, m, offsets]
+        if inv is not None:
+            got = got * inv[..., None]
+        acc.diagonal[bs] += (got * seen[:, None]).sum(2)
+        mass = keys[..., _K["mass"]]  # [b, head, m]: each row's mass (0 on rows an example lacks)
+        band = None
+        if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
+            acc.distance[bs] += (rows.float() * mass - both[..., 4]).sum(-1)
+        else:  # [b, head, m, 2]: sum_j a_ij |i - j| and the mass on the recent band, one product
+            db = torch.einsum("bhmk,mkt->bhmt", c, self._distance_rows(kw, r0, m, dev))
+            d = db[..., 0] if inv is None else db[..., 0] * inv
+            acc.distance[bs] += d.sum(-1)
+            band = db[..., 1]  # numerators, like the block: _streaming divides
+        self._streaming(acc, bs, c, r0, rows, mass, inv, spans, sinks, band)
+        self._repeats(acc, bs, c, r0, m, mass, inv, spans)
 
     @staticmethod
     def _on_window_start(c: torch.Tensor, start: torch.Tensor, inv=None) -> torch.Tensor:
-        """[head, rows]: each row's weight on its window's first token (``start`` [rows], a position of the whole
-        input; -1 or one past the block's keys for none). On BERT that is the repeated [CLS], position 0 for every
-        window; on a tokenizer without a leading special token (GPT-2) the window's first content token."""
+        """[b, head, rows]: each row's weight on its window's first token (``start`` [rows], a position of the
+        whole input; -1 or one past the block's keys for none). On BERT that is the repeated [CLS], position 0 for
+        every window; on a tokenizer without a leading special token (GPT-2) the window's first content token."""
         kw = c.shape[-1]
         seen = ((start >= 0) & (start < kw)).to(c.dtype)
-        got = c.gather(-1, start.clamp(0, kw - 1)[None, :, None].expand(c.shape[0], -1, 1))[..., 0] * seen
+        idx = start.clamp(0, kw - 1)[None, None, :, None].expand(*c.shape[:2], -1, 1)
+        got = c.gather(-1, idx)[..., 0] * seen
         return got if inv is None else got * inv
 
-    def _add_image(self, image, c, right, r0: int, m: int, kw: int, inv) -> None:
-        """Add rows r0 .. r0 + m - 1 of a map to its image R @ a @ R.T ([head, S, S]). The rows reach only the
-        output rows whose area they overlap (a block of rows: one or two of S), so the product starts there:
-        (R's columns r0.. restricted to those rows) @ c, a pass over the block instead of an S-wide product."""
-        s = self.image_size
-        rt = right[r0 : r0 + m, :s]  # [m, S]: R.T's rows for these rows
-        cols = rt.abs().sum(0).nonzero()[:, 0]  # the output rows they reach
-        left = rt[:, cols].T  # [nb, m]
-        left = left.expand(c.shape[0], -1, -1) if inv is None else left[None] * inv[:, None, :]  # numerators: / z
-        part = torch.bmm(torch.bmm(left, c), right[:kw, :s].expand(c.shape[0], -1, -1))  # [head, nb, S]
-        image[:, cols] += part
+    def _image_rows(self, bs, r0: int, m: int) -> int:
+        """How many of the image's S rows the block's rows r0 .. r0 + m - 1 reach in any example (host arithmetic on
+        the lengths): from ``floor(r0 S / n)`` to ``ceil(min(r0 + m, n) S / n)``, exclusive."""
+        s, n = self.image_size, self._n_host[bs]
+        n = n[n > r0]  # examples with rows in this block
+        lo = (r0 * s) // n
+        hi = -(-(np.minimum(r0 + m, n) * s) // n)
+        return min(int((hi - lo).max()), s)
 
-    def _streaming(
-        self,
-        acc,
-        b: int,
-        c: torch.Tensor,
-        r0: int,
-        rows: torch.Tensor,
-        n: int,
-        mass: torch.Tensor,
-        inv=None,
-        spans=None,
-        sinks=None,
-        band=None,
-    ) -> None:
+    def _add_image(self, image, c, cr, rt, bs, r0: int, m: int, kw: int, nb: int, inv) -> None:
+        """Add rows r0 .. r0 + m - 1 of the batch's maps to their images R @ a @ R.T (``image`` [b, head, S, S],
+        ``rt`` [b, T, S] each example's R.T, 0 past its length; ``cr`` [b, head, m, S] the rows times R.T where
+        the block's product gave them). A block of rows reaches only the ``nb`` output rows whose area it overlaps
+        (one or two of S for a long map), so the product starts there: each example's first such row is
+        ``floor(r0 S / n)``, worked out on the device; those columns of R.T are gathered, multiplied through, and
+        added back at their rows."""
+        s = self.image_size
+        b, h = c.shape[0], c.shape[1]
+        if nb >= s:  # every output row: R's rows as they are
+            left = rt[:, r0 : r0 + m].transpose(1, 2)[:, None]  # [b, 1, S, m]
+            idx = None
+        else:
+            first = torch.div(r0 * s, self._batch.n_long[bs], rounding_mode="floor")  # [b]
+            idx = first[:, None] + torch.arange(nb, device=c.device)[None, :]  # [b, nb]
+            inside = idx < s
+            idx = idx.clamp(max=s - 1)
+            left = rt[:, r0 : r0 + m].gather(2, idx[:, None, :].expand(-1, m, -1)) * inside[:, None, :]  # [b, m, nb]
+            left = left.transpose(1, 2)[:, None]  # [b, 1, nb, m]
+        if inv is not None:  # numerators: / z
+            left = left * inv[:, :, None, :]
+        if cr is not None:
+            part = torch.matmul(left, cr)  # [b, head, nb, S]
+        else:
+            part = torch.matmul(left, c)  # [b, head, nb, kw]
+            part = torch.bmm(part.reshape(b, h * nb, kw), rt[:, :kw]).view(b, h, nb, s)
+        if idx is None:
+            image += part
+        else:
+            image.scatter_add_(2, idx[:, None, :, None].expand(-1, h, -1, s), part)
+
+    def _streaming(self, acc, bs, c, r0: int, rows, mass, inv=None, spans=None, sinks=None, band=None) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW
-        (``band`` [head, rows] where the caller has it, else :meth:`_band_mass`) and on the sink tokens outside
+        (``band`` [b, head, rows] where the caller has it, else :meth:`_band_mass`) and on the sink tokens outside
         it, over the rows that see beyond both (``spans``: within their window's content, :meth:`add_rows`)."""
         w = RECENT_WINDOW
+        m, kw = c.shape[2], c.shape[3]
+        n_max = int(self._n_host[bs].max())
+        if spans is None and r0 + m - 1 < SINK_TOKENS + w and (self.causal or n_max - 1 - w < r0):
+            return  # no row of this block can see beyond the sink and the recent window: known on the host
+        n = self._batch.n_long[bs, None]  # [b, 1]
+        i = rows[None, :]  # [1, m]
         if spans is not None:  # a content key past the window's sink tokens with |i - j| >= w, among those seen
-            lo = spans[:, 2]
-            hi = torch.minimum(spans[:, 1], rows + 1) if self.causal else spans[:, 1]  # exclusive
+            sp = spans[:m].to(c.device)
+            lo = sp[:, 2]
+            hi = torch.minimum(sp[:, 1], rows + 1) if self.causal else sp[:, 1]  # exclusive
             beyond = lo <= torch.minimum(rows - w, hi - 1)
             if not self.causal:
                 beyond |= torch.maximum(rows + w, lo) <= hi - 1
+            beyond = beyond[None]
         elif self.causal:
-            beyond = rows >= SINK_TOKENS + w
+            beyond = i >= SINK_TOKENS + w
         else:
-            beyond = (rows >= SINK_TOKENS + w) | (rows + w <= n - 1)
-        n_beyond = int(beyond.sum())
-        if n_beyond == 0:
-            return
-        near = self._band_mass(c, r0) if band is None else band  # [head, rows]
-        kw = c.shape[-1]  # the block's keys (n, or fewer for a causal block: the rest weigh nothing)
-        i = rows[:, None]
+            beyond = (i >= SINK_TOKENS + w) | (i + w <= n - 1)
+        beyond = beyond & (i < n)  # [b, m]
+        near = self._band_mass(c, r0) if band is None else band  # [b, head, m]
+        ii = rows[:, None]
         if sinks is None:  # the input's first tokens
             sink_cols = torch.arange(min(SINK_TOKENS, kw), device=c.device)[None, :]
-            got = c[:, :, : sink_cols.shape[1]]
+            got = c[..., : sink_cols.shape[1]]
         else:  # each row's window's first tokens
-            sink_cols = sinks
-            got = c.gather(-1, sinks.clamp(0, kw - 1).expand(c.shape[0], -1, -1))
+            sink_cols = sinks[:m].to(c.device)
+            got = c.gather(-1, sink_cols.clamp(0, kw - 1).expand(*c.shape[:2], -1, -1))
         # sink tokens outside the window (inside it they count once)
-        far_sink = ((sink_cols >= 0) & (sink_cols < kw) & ((i - sink_cols).abs() >= w)).float()
-        if n_beyond < len(rows):
-            sel = beyond.nonzero()[:, 0]
-            near, got, far_sink = near[:, sel], got[:, sel], far_sink[sel]
-            inv = None if inv is None else inv[:, sel]
+        far_sink = ((sink_cols >= 0) & (sink_cols < kw) & ((ii - sink_cols).abs() >= w)).float()
         near = near + (got * far_sink).sum(-1)
         if inv is not None:  # the block holds numerators: divide by the row sums
             near = near * inv
-        acc.stream[b] += near.sum(-1)
-        acc.rows[b, 3] += n_beyond
+        acc.stream[bs] += (near * beyond[:, None, :]).sum(-1)
+        acc.rows[bs, 3] += beyond.sum(-1)
 
     def _band_mass(self, c: torch.Tensor, r0: int) -> torch.Tensor:
-        """[head, rows]: each row's mass on the keys within RECENT_WINDOW of it (``|i - j| < W``; ``i - W < j <=
-        i`` when causal, the keys after a row weighing nothing), for rows r0.. of a block ``c`` [head, rows, K].
+        """[b, head, rows]: each row's mass on the keys within RECENT_WINDOW of it (``|i - j| < W``; ``i - W < j <=
+        i`` when causal, the keys after a row weighing nothing), for rows r0.. of a block ``c`` [b, head, rows, K].
         The rows whose band lies inside the block's keys read it as a strided view (row i's band starts one
         element further along than row i - 1's: a stride of the row's plus one), no index and no copy; only
         the rows at the edges gather theirs."""
         w = RECENT_WINDOW
-        h, m, kw = c.shape
+        nb, h, m, kw = c.shape
         lo, hi = -(w - 1), 0 if self.causal else w - 1  # the band's first and last key, from the diagonal
         a = min(max(0, -(r0 + lo)), m)  # rows a .. b - 1: those whose band is inside [0, kw)
         b = max(a, min(m, kw - hi - r0))
         if c.stride(-1) != 1:
             a = b = 0
-        out = c.new_empty(h, m)
+        out = c.new_empty(nb, h, m)
         if a < b:
             band = c.as_strided(
-                (h, b - a, hi - lo + 1),
-                (c.stride(0), c.stride(1) + 1, 1),
-                c.storage_offset() + a * (c.stride(1) + 1) + r0 + lo,
+                (nb, h, b - a, hi - lo + 1),
+                (c.stride(0), c.stride(1), c.stride(2) + 1, 1),
+                c.storage_offset() + a * (c.stride(2) + 1) + r0 + lo,
             )
-            out[:, a:b] = band.sum(-1)
-        edge = torch.cat([torch.arange(0, a, device=c.device), torch.arange(b, m, device=c.device)])
-        if len(edge):
-            cols = (edge + r0)[:, None] + torch.arange(lo, hi + 1, device=c.device)[None, :]  # [edge rows, band]
+            out[..., a:b] = band.sum(-1)
+        if a > 0 or b < m:  # the rows at the edges: 0 .. a - 1 and b .. m - 1
+            e = torch.cat([torch.arange(a, device=c.device), torch.arange(b, m, device=c.device)])
+            cols = (e + r0)[:, None] + torch.arange(lo, hi + 1, device=c.device)[None, :]  # [edge rows, band]
             inside = (cols >= 0) & (cols < kw)
-            got = c[:, edge].gather(-1, cols.clamp(0, kw - 1).expand(h, -1, -1))
-            out[:, edge] = (got * inside).sum(-1)
+            got = c[:, :, e].gather(-1, cols.clamp(0, kw - 1).expand(nb, h, -1, -1))
+            out[..., e] = (got * inside).sum(-1)
         return out
 
-    def _repeats_of(self, b: int, n: int, device) -> _Repeats:
-        r = self._repeats.get(b)
-        if r is None:
-            r = self._repeats[b] = _Repeats(self.masks.ids[b, :n].to(device), self._pairs_budget)
-        return r
+    def _repeats(self, acc, bs, c, r0: int, m: int, mass, inv=None, spans=None) -> None:
+        """The duplicate-token, induction and far-induction sums of a block: each pattern position's weight,
+        gathered at once for the whole batch (:class:`_Patterns`) and added to its example's sums; the mass of
+        the rows that have a position in each."""
+        entries = self.patterns.block(r0, m, bs)
+        b = c.shape[0]
+        flags = self.patterns.row_flags[bs, r0 : r0 + m]  # [b, m, 3]
+        if entries is not None:
+            eb, ei, ek, slot = entries  # each [P]: example (within bs), row (block-local), key, sum slot
+            got = c[eb, :, ei, ek]  # [P, head]
+            if inv is not None:  # numerators: divide by their rows' sums
+                got = got * inv[eb, :, ei]
+            if spans is not None:  # windows: a far target counts where the row's window holds it
+                far = slot % 3 == 2
+                held = ek >= spans[:m, 0].to(c.device)[ei]
+                got = got * (~far | held)[:, None]
+                far_rows = torch.zeros(b, m, device=c.device).index_put_((eb[far], ei[far]), held[far].float())
+                flags = torch.cat([flags[..., :2], (far_rows > 0).float()[..., None]], dim=-1)
+            hits = acc.hits[bs].reshape(b * 3, -1)  # [b x 3, head]: a view (hits is [batch, 3, head])
+            hits.index_add_(0, slot, got)
+        elif spans is not None:
+            flags = torch.cat([flags[..., :2], torch.zeros_like(flags[..., 2:])], dim=-1)
+        acc.pattern_mass[bs] += torch.matmul(mass, flags)  # [b, head, 3]
+        acc.rows[bs, :3] += flags.sum(1).long()
 
     def end_layer(self, layer: int) -> None:
         """Finish a layer whose rows have all been added: means, detectors, the thumbnail, for every example at
@@ -702,10 +749,10 @@ class LayerReducer:
         offsets = PROFILE_OFFSETS
         zero = offsets.index(0)
         dev = acc.image.device
-        lengths = torch.tensor(self.lengths, dtype=torch.float32, device=dev)
+        lengths = self._batch.n.to(dev)
         n = lengths[:, None]  # [batch, 1]: broadcast over heads
         nan = torch.tensor(float("nan"), device=dev)
-        first_valid = torch.where(n > 1, 1.0 if self.causal else 0.0, n)  # SignatureWeights.first_valid
+        first_valid = self._batch.first_valid.to(dev)[:, None]  # SignatureWeights.first_valid
         diag = acc.diagonal  # [batch, head, offsets]
         keys = acc.keys
 
@@ -728,14 +775,14 @@ class LayerReducer:
             ],
             dim=-1,
         ).to(self.stats.device)
-        o = torch.tensor([abs(x) for x in offsets], dtype=torch.float32, device=dev)  # [offsets]
+        o = self._offsets.to(dev).abs().float()  # [offsets]
         seen = lengths[:, None, None] > o  # an offset the map has a diagonal at
         self.profile[:, pos] = torch.where(seen, diag / torch.where(seen, lengths[:, None, None] - o, 1.0), 0.0).to(
             self.profile.device
         )
         total = keys[..., _K["mass"]]
         prev_hit = torch.where(more, diag[..., zero - 1], 0.0)
-        hits, rows, pm = acc.hits, acc.rows[:, None, :], acc.pattern_mass
+        hits, rows, pm = acc.hits.transpose(1, 2), acc.rows[:, None, :], acc.pattern_mass
         self.detectors[:, pos] = torch.stack(
             [
                 prev_hit / total,
@@ -753,96 +800,173 @@ class LayerReducer:
             self.thumbs[:, pos] = area_resize(acc.image, self.thumb_size).to(self.thumbs.device)
 
 
-#: the most bytes of pattern positions a batch's _Repeats keep for the next layers, all examples together (a
-#: long input's blocks past it find theirs again each layer: a repetitive 32k-token document lists millions)
+def _rows_times(c: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """[b, head, m, K] @ [b, K, X] -> [b, head, m, X]: the heads' rows stacked into one product per example (a
+    right-hand side broadcast over the heads would be copied once per head)."""
+    b, h, m, k = c.shape
+    return torch.bmm(c.reshape(b, h * m, k), right).view(b, h, m, right.shape[-1])
+
+
+@dataclass
+class _BatchWeights:
+    """What a batch's maps are reduced against, the same for every layer and head, built once per batch on the
+    device with a fixed number of operations: each example's length, the key columns and positions ``right``
+    [batch, T, 5] (first, sep, punct, mass, j; 0 past the length) beside the area resize's R.T [batch, T, S] in
+    ``right_rt``,
+    the rows it has ``row_ok`` [batch, T], and ``inv_log_seen`` [batch, T], one over the log of the keys each row
+    sees, 0 on the rows the normalised entropy leaves out (the first of a causal map, every row at n = 1)."""
+
+    width: int  # T
+    n: torch.Tensor  # [batch] float32
+    n_long: torch.Tensor  # [batch] int64
+    first_valid: torch.Tensor  # [batch] float32: SignatureWeights.first_valid of each example
+    row_ok: torch.Tensor
+    right_rt: torch.Tensor  # [batch, T, 5 + S]: right, then rt
+    inv_log_seen: torch.Tensor
+
+    @property
+    def right(self) -> torch.Tensor:
+        return self.right_rt[..., :5]
+
+    @classmethod
+    def build(cls, lengths: np.ndarray, masks: TokenMasks, size: int, causal: bool, device) -> _BatchWeights:
+        t = masks.sep.shape[1]
+        n_long = torch.as_tensor(lengths, dtype=torch.long).to(device)
+        n = n_long.float()
+        j = torch.arange(t, device=device)
+        row_ok = j[None, :] < n_long[:, None]  # [b, T]
+        ok = row_ok.float()
+        right = torch.stack(
+            [
+                (j == 0).float().expand(len(lengths), -1),
+                masks.sep.to(device).float() * ok,
+                masks.punct.to(device).float() * ok,
+                ok,
+                j.float()[None, :] * ok,
+            ],
+            dim=-1,
+        )
+        # R[b, i, j] = overlap of input cell [j, j + 1) with output cell [i n/S, (i + 1) n/S), times S/n (_area_weights)
+        n64 = n_long.double()[:, None, None]
+        edges = torch.arange(size + 1, device=device, dtype=torch.float64)[None, :, None] * (n64 / size)
+        jj = j.double()[None, None, :]
+        lo = torch.maximum(edges[:, :-1], jj)
+        hi = torch.minimum(edges[:, 1:], jj + 1)
+        rt = ((hi - lo).clamp_min(0) * (size / n64)).float().transpose(1, 2)  # [b, T, S]
+        more = n_long > 1
+        first_valid = torch.where(more, 1 if causal else 0, n_long)
+        if causal:
+            seen = j.float()[None, :] + 1.0  # row i sees i + 1 keys
+        else:
+            seen = n[:, None].expand(-1, t)
+        counted = row_ok & (j[None, :] >= first_valid[:, None]) & more[:, None]
+        inv_log_seen = torch.where(counted, 1.0 / torch.log(seen.clamp_min(2.0)), 0.0)
+        right_rt = torch.cat([right, rt], dim=-1)
+        return cls(t, n, n_long, first_valid.float(), row_ok, right_rt, inv_log_seen)
+
+
+#: the most bytes of pattern positions a batch keeps on the device for every layer (:class:`_Patterns`): past it (a
+#: repetitive 32k-token document lists millions) each block's are worked out on the host again, each layer
 PAIRS_CACHE_BYTES = 32 << 20
 
 
-class _Repeats:
-    """One example's repeated tokens, for the duplicate-token, induction and retrieval detectors without an
-    n x n pattern: positions sorted by token (stably, so a token's copies stay in order), each position's
-    rank among its token's copies and where its token's group starts. A block of query rows lists its pattern
-    positions from these, O(its pairs): row i's earlier copies are its group's first rank(i) positions."""
+class _Patterns:
+    """The duplicate-token, induction and far-induction pattern positions of a batch, for the detectors without an
+    n x n pattern, worked out on the host from the token ids (numpy, vectorised over the batch) when the reducer is
+    built: the same for every layer, so no layer waits for them.
 
-    def __init__(self, ids: torch.Tensor, budget: list[int]):
-        """``budget``: a one-item list of the bytes this example may still keep of its blocks' pairs, shared
-        with the batch's other examples (the reducer's)."""
-        self.order = torch.argsort(ids, stable=True)  # sorted index -> position
-        sorted_ids = ids[self.order]
-        n = len(ids)
-        starts = torch.ones(n, dtype=torch.bool, device=ids.device)
-        starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
-        group_start = torch.cummax(torch.where(starts, torch.arange(n, device=ids.device), 0), 0).values
-        self.rank = torch.empty(n, dtype=torch.long, device=ids.device)
-        self.rank[self.order] = torch.arange(n, device=ids.device) - group_start
-        self.start = torch.empty(n, dtype=torch.long, device=ids.device)  # position -> its group's sorted start
-        self.start[self.order] = group_start
-        self.first = self.order[self.start]  # position -> the first position of its token
-        self._cache: dict[tuple[int, int], tuple | None] = {}  # (first row, rows) -> _pairs, for every layer
-        self._budget = budget
+    Positions are sorted by row, rows across the batch (row 0 of every example, then row 1 ...), so a block of rows
+    ``r0 .. r0 + m - 1`` is one slice, found on the host by :func:`numpy.searchsorted`. Each entry is (example, row,
+    key, slot): ``slot`` = example x 3 + kind, the sum it adds to (0: an earlier copy of the row's token, 1: the
+    token after one, 2: that token at least RECENT_WINDOW back). Where the whole batch's entries fit in
+    :data:`PAIRS_CACHE_BYTES` they are moved to the device once; otherwise each block's are listed on the host when
+    it comes (and kept, while that budget lasts). ``row_flags`` [batch, T, 3]: the rows that have a position of
+    each kind (the conditional scores' denominators)."""
 
-    def _pairs(self, r0: int, m: int, device, spans=None):
-        """The pattern positions of rows r0 .. r0 + m - 1, the same for every layer (cached, but for windows'
-        ``spans``): (``local`` [2P] block rows then ``keys`` [2P] keys of the duplicate-token pairs followed by
-        the induction pairs, ``far`` [F] the indices of the induction pairs at least RECENT_WINDOW back, ``has``
-        [m] rows with an earlier copy, ``far_rows`` [m] rows with a far target, and those two rows' counts);
-        None where no row has an earlier copy."""
-        key = (r0, m)
-        if spans is None and key in self._cache:
-            return self._cache[key]
-        rank = self.rank[r0 : r0 + m]
-        has = rank > 0  # rows with an earlier copy: a duplicate-token and an induction target
-        if not bool(has.any()):
-            out = None
+    def __init__(self, ids: np.ndarray, lengths: np.ndarray, device):
+        self.device = device
+        b, t = ids.shape
+        valid = np.arange(t)[None, :] < lengths[:, None]
+        ii, bb = np.nonzero(valid.T)  # every position, row-major across the batch
+        tok = ids[bb, ii]
+        order = np.lexsort((ii, tok, bb))  # by example, then token, then position: a token's copies in order
+        sb, st = bb[order], tok[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (sb[1:] != sb[:-1]) | (st[1:] != st[:-1])
+        start = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+        self._rank = np.empty(len(order), dtype=np.int64)  # how many earlier copies each position has
+        self._rank[order] = np.arange(len(order)) - start
+        self._start = np.empty(len(order), dtype=np.int64)  # where its token's copies start in ``order``
+        self._start[order] = start
+        self._copies = ii[order]  # positions of each token's copies, in order
+        self._bb, self._ii = bb, ii
+        self._ptr = np.searchsorted(ii, np.arange(t + 1))  # row r's positions: _ptr[r] .. _ptr[r + 1]
+        flags = np.zeros((b, t, 3), dtype=np.float32)
+        has = self._rank > 0
+        flags[bb[has], ii[has], 0] = 1.0
+        flags[bb[has], ii[has], 1] = 1.0
+        # a far target: the token after the first copy is at least RECENT_WINDOW back
+        firstpos = self._copies[self._start]
+        flags[bb, ii, 2] = (has & (ii - (firstpos + 1) >= RECENT_WINDOW)).astype(np.float32)
+        self.row_flags = torch.from_numpy(flags).to(device)
+        total = int(self._rank.sum())
+        self._row_of_entries = None
+        self._held: dict[tuple[int, int], tuple | None] = {}
+        self._budget = PAIRS_CACHE_BYTES
+        #: whether the whole batch's entries are on the device (else listed per block)
+        self.kept = total > 0 and 3 * total * 4 * 8 <= self._budget
+        if self.kept:
+            rows, entries = self._entries(0, len(ii))
+            self._row_of_entries = rows
+            self._all = tuple(torch.from_numpy(e).to(device) for e in entries)
+
+    def _entries(self, p0: int, p1: int):
+        """The entries of positions p0 .. p1 - 1 (row-major), sorted by row: (their rows, (example, row, key,
+        slot) arrays)."""
+        rank = self._rank[p0:p1]
+        total = int(rank.sum())
+        pos = np.repeat(np.arange(p0, p1), rank)  # each earlier copy's query position
+        offset = np.arange(total) - np.repeat(np.cumsum(rank) - rank, rank)
+        k = self._copies[np.repeat(self._start[p0:p1], rank) + offset]  # the earlier copy
+        eb, ei = self._bb[pos], self._ii[pos]
+        far = ei - (k + 1) >= RECENT_WINDOW
+        ex = np.concatenate([eb, eb, eb[far]])
+        rows = np.concatenate([ei, ei, ei[far]])
+        keys = np.concatenate([k, k + 1, (k + 1)[far]])
+        kind = np.concatenate([np.zeros(total, np.int64), np.ones(total, np.int64), np.full(int(far.sum()), 2)])
+        o = np.argsort(rows, kind="stable")
+        ex, rows, keys, kind = ex[o], rows[o], keys[o], kind[o]
+        return rows, (ex, rows, keys, ex * 3 + kind)
+
+    def block(self, r0: int, m: int, bs: slice):
+        """The entries of rows r0 .. r0 + m - 1 as device tensors (example within ``bs``, block row, key, slot
+        within ``bs``), or None where the block has none."""
+        if self.kept:
+            a, z = np.searchsorted(self._row_of_entries, [r0, r0 + m])
+            if a == z:
+                return None
+            eb, ei, ek, slot = (e[a:z] for e in self._all)
         else:
-            rows = torch.arange(r0, r0 + m, device=device)
-            far_rows = has & (self.first[r0 : r0 + m] <= rows - RECENT_WINDOW - 1)
-            count = rank.clamp_min(0)
-            total = int(count.sum())
-            local = torch.repeat_interleave(torch.arange(m, device=device), count)  # the pair's row, block-local
-            skip = torch.repeat_interleave(torch.cumsum(count, 0) - count, count)
-            k = self.order[
-                torch.repeat_interleave(self.start[r0 : r0 + m], count) + torch.arange(total, device=device) - skip
-            ]
-            far = (local + r0) - (k + 1) >= RECENT_WINDOW  # the token after each earlier copy (k + 1 <= i)
-            if spans is not None:  # windows: a far target counts where the row's window holds it
-                far = far & (k + 1 >= spans[local, 0])
-                far_rows = torch.zeros_like(far_rows)
-                far_rows[local[far]] = True
-            out = (
-                torch.cat([local, local]),
-                torch.cat([k, k + 1]),
-                far.nonzero()[:, 0] + total,
-                has,
-                far_rows,
-                int(has.sum()),
-                int(far_rows.sum()),
-            )
-        size = 0 if out is None else sum(t.numel() * t.element_size() for t in out[:5])
-        if spans is None and size <= self._budget[0]:  # a long input's blocks: while the batch's budget lasts
-            self._cache[key] = out
-            self._budget[0] -= size
-        return out
-
-    def add(self, acc, b: int, c: torch.Tensor, r0: int, m: int, mass: torch.Tensor, inv=None, spans=None) -> None:
-        pairs = self._pairs(r0, m, c.device, spans)
-        if pairs is None:
-            return
-        local, keys, far, has, far_rows, n_has, n_far = pairs
-        got = c[:, local, keys]  # [head, 2P]: each row's weight on an earlier copy of its token, then on the next
-        if inv is not None:  # numerators: divide by their rows' sums
-            got = got * inv[:, local]
-        half = got.shape[1] // 2
-        acc.hits[b, :, 0] += got[:, :half].sum(-1)  # earlier copies
-        acc.hits[b, :, 1] += got[:, half:].sum(-1)
-        acc.hits[b, :, 2] += got[:, far].sum(-1)
-        has_mass = mass[:, has].sum(-1)
-        acc.pattern_mass[b, :, 0] += has_mass
-        acc.pattern_mass[b, :, 1] += has_mass
-        acc.pattern_mass[b, :, 2] += mass[:, far_rows].sum(-1)
-        acc.rows[b, 0] += n_has
-        acc.rows[b, 1] += n_has
-        acc.rows[b, 2] += n_far
+            key = (r0, m)
+            if key in self._held:
+                got = self._held[key]
+            else:
+                p0, p1 = int(self._ptr[min(r0, len(self._ptr) - 1)]), int(self._ptr[min(r0 + m, len(self._ptr) - 1)])
+                _, entries = self._entries(p0, p1)
+                got = None if len(entries[0]) == 0 else tuple(torch.from_numpy(e).to(self.device) for e in entries)
+                size = 0 if got is None else sum(e.numel() * e.element_size() for e in got)
+                if size <= self._budget:
+                    self._held[key] = got
+                    self._budget -= size
+            if got is None:
+                return None
+            eb, ei, ek, slot = got
+        ei = ei - r0
+        if bs.start is not None:  # one example's block (windows): its own entries, at index 0
+            eb_host = bs.start
+            keep = eb == eb_host
+            eb, ei, ek, slot = eb[keep] - eb_host, ei[keep], ek[keep], slot[keep] - 3 * eb_host
+        return eb, ei, ek, slot
 
 
 class _RowSums:
@@ -857,21 +981,23 @@ class _RowSums:
         self.distance = z(batch, heads)
         self.row_max = z(batch, heads)
         self.diagonal = z(batch, heads, len(PROFILE_OFFSETS))
-        self.hits = z(batch, heads, 3)  # duplicate-token, induction, far induction
+        self.hits = z(batch, 3, heads)  # duplicate-token, induction, far induction (kind-major: index_add's rows)
         self.pattern_mass = z(batch, heads, 3)  # the mass of the rows that have a position in each
         self.stream = z(batch, heads)  # mass on the sink tokens and the recent window, rows that see beyond
         #: rows with a duplicate, induction, far-induction target; rows that see beyond the streaming set
         self.rows = torch.zeros(batch, 4, device=device, dtype=torch.int64)
-        self._right: dict[int, torch.Tensor] = {}
+        self._right: torch.Tensor | None = None
 
     def right_with_keys(
-        self, b: int, right: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None
+        self, right_rt: torch.Tensor, row_ok: torch.Tensor, keys: torch.Tensor, values: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """[head, n, 5 + d (+ d_v)]: example b's key columns and positions beside each head's keys [head, n, d]
-        (and values), built once a layer (the keys are the layer's)."""
-        r = self._right.get(b)
-        if r is None:
-            h, n = keys.shape[0], keys.shape[1]
-            parts = [right[:n].expand(h, -1, -1), keys.float()] + ([] if values is None else [values.float()])
-            r = self._right[b] = torch.cat(parts, dim=-1)
-        return r
+        """[batch, head, T, 5 + d (+ d_v) + S]: the key columns and positions, each head's keys [batch, head, T, d]
+        (and values), and R.T (``right_rt`` [batch, T, 5 + S]), 0 past each example's length, built once a layer
+        (the keys are the layer's)."""
+        if self._right is None:
+            h, t = keys.shape[1], keys.shape[2]
+            each = right_rt[:, :t, None].expand(-1, -1, h, -1).transpose(1, 2)  # [b, head, T, 5 + S]
+            parts = [each[..., :5], keys.float()] + ([] if values is None else [values.float()]) + [each[..., 5:]]
+            full = torch.cat(parts, dim=-1)
+            self._right = torch.where(row_ok[:, None, :t, None], full, 0.0)
+        return self._right

@@ -163,7 +163,8 @@ class Extractor:
             features["token_type_ids"] = token_type_ids
         enc = self.tokenizer.pad(features, padding=True, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        reducer = self._reducer(lengths, TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids))
+        masks = TokenMasks.from_ids(batch["input_ids"], self.sep_ids, self.punct_ids, host_ids=enc["input_ids"])
+        reducer = self._reducer(lengths, masks)
         with self.lock:
             self.capture.run(batch, reducer)
         return self._outputs(reducer)
@@ -198,8 +199,9 @@ class Extractor:
         ids = tok.input_ids[i]
         types = tok.token_type_ids[i] if tok.token_type_ids is not None else None
         plan = plan_windows(ids, types, max_length, overlap, template_ends(self.tokenizer), self.causal)
-        whole = torch.tensor([ids], device=self.device)
-        reducer = self._reducer([len(ids)], TokenMasks.from_ids(whole, self.sep_ids, self.punct_ids))
+        host = torch.tensor([ids])
+        masks = TokenMasks.from_ids(host.to(self.device), self.sep_ids, self.punct_ids, host_ids=host)
+        reducer = self._reducer([len(ids)], masks)
         sink = WindowSink(reducer, plan, self.causal)
         ecfg = self.extract_cfg
         per_forward = max(1, min(ecfg.max_batch_size, ecfg.token_budget // max_length))

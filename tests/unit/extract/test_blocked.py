@@ -327,13 +327,14 @@ def test_blocked_on_an_additive_mask_equals_eager(kind):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.parametrize("pairs_cache", [None, 0, 4000], ids=["pairs-cached", "pairs-recomputed", "pairs-some"])
+@pytest.mark.parametrize("pairs_cache", [None, 0, 20000], ids=["pairs-cached", "pairs-recomputed", "pairs-some"])
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
 def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypatch):
     """Inputs longer than the sink and the recent window, so the streaming and retrieval detectors are
     defined (the token ids repeat: far copies exist). An encoder's recent band comes from its distance
-    product, a decoder's from the block's strided view. Each block's pattern positions are kept for the next
-    layer, or, past the cache's budget (0 here), found again."""
+    product, a decoder's from the block's strided view. The batch's pattern positions are moved to the device
+    once, or, past the budget (0 here), each block's are listed again on the host, and kept while the budget
+    (the batch's, not each example's) lasts."""
     if pairs_cache is not None:
         monkeypatch.setattr(maps, "PAIRS_CACHE_BYTES", pairs_cache)
     eager, blocked, _, _ = _models(kind)
@@ -342,16 +343,15 @@ def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypa
     batch = _batch(lengths, seed=1)
     ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], causal, 1 << 26)
     got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], causal, 1 << 16)
-    kept = [sum(p is not None for p in r._cache.values()) for r in got._repeats.values()]
-    held = sum(
-        t.numel() * t.element_size() for r in got._repeats.values() for p in r._cache.values() if p for t in p[:5]
-    )
+    patterns = got.patterns
+    held = [p for p in patterns._held.values() if p is not None]
+    size = sum(t.numel() * t.element_size() for p in held for t in p)
     if pairs_cache is None:
-        assert all(kept)
+        assert patterns.kept and not patterns._held
     elif pairs_cache == 0:
-        assert not any(kept)
-    else:  # the budget is the batch's, not each example's
-        assert any(kept) and 0 < held <= pairs_cache
+        assert not patterns.kept and not held
+    else:
+        assert not patterns.kept and held and 0 < size <= pairs_cache
     assert torch.isfinite(ref.detectors).all()
     for name in ("images", "stats", "profile", "detectors"):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,73 @@
+"""The capture's operations per batch, counted exactly with PyTorch's dispatcher (benchmarks/op_count.py, issue 34).
+
+On a GPU each operation is a kernel launch or a host round trip: a capture whose operations grow with the batch is
+launch-bound. Op counts depend on shapes only, not on the machine or the weights, so they are tested here (timings
+are not): a MiniLM-shaped BERT (6 layers x 12 heads, random weights) over the quickstart's questions, under the
+default block budget, as the quickstart runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.op_count import OpCounter, count_bare, count_capture, extractor, minilm_shaped, save_model
+from rapids_attn.data import read_examples
+
+QUICKSTART = Path(__file__).resolve().parents[3] / "rapids_attn" / "data" / "quickstart.json"
+
+
+@pytest.fixture(scope="module")
+def minilm_shaped_dir(tmp_path_factory) -> Path:
+    return save_model(minilm_shaped(), tmp_path_factory.mktemp("minilm-shaped") / "model")
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[str]:
+    return [e.text for e in read_examples(str(QUICKSTART))][:32]
+
+
+def _batch(ex, texts: list[str]) -> dict:
+    ids = [ex.tokenizer(t)["input_ids"] for t in texts]
+    return {"input_ids": ids, "token_type_ids": [[0] * len(x) for x in ids]}
+
+
+@pytest.mark.parametrize("attention", ["blocked", "eager"])
+def test_a_batch_of_32_costs_about_the_ops_of_a_batch_of_8_and_never_waits_for_the_device(
+    minilm_shaped_dir, questions, attention
+):
+    from transformers import AutoModel
+
+    torch.set_num_threads(1)
+    ex = extractor(minilm_shaped_dir, attention)
+    bare = AutoModel.from_pretrained(minilm_shaped_dir, attn_implementation="eager").eval()
+    counts = {}
+    for b in (8, 32):
+        batch = _batch(ex, questions[:b])
+        assert len({len(x) for x in batch["input_ids"]}) > 1  # ragged: padding and length masks in play
+        counts[b] = count_capture(ex, batch), count_bare(bare, ex.tokenizer, batch)
+    (c8, _), (c32, bare32) = counts[8], counts[32]
+    # the per-example loop made a batch of 32 cost 10.3x a batch of 8 (issue 34); now the ops do not grow with it
+    assert c32.not_views <= 1.5 * c8.not_views, (c32.not_views, c8.not_views)
+    # the whole capture (forward and reduction) within 20x the bare eager forward's ops (it was 662x)
+    assert c32.not_views <= 20 * bare32.not_views, (c32.not_views, bare32.not_views)
+    for c in (c8, c32):
+        assert c.scoped_not_views > 0  # the reduction was counted
+        assert c.scoped_syncs == 0, c.scoped_sync_ops  # the per-layer reduction never waits for the device
+        assert c.syncs == 0, c.by_op  # nor does anything else in this capture (BERT: no causal mask to read)
+
+
+def test_the_counter_sees_host_syncs_and_views():
+    """The counter itself: a scalar read and a data-dependent shape are syncs, a view is not an op that runs."""
+    x = torch.arange(6.0)
+    c = OpCounter()
+    with c:
+        with c.scope():
+            float(x.sum())
+            x[x > 2]
+        x.view(2, 3)
+        torch.nonzero(x)
+    assert c.syncs == 3 and c.scoped_syncs == 2
+    assert c.by_op["view"] == 1 and c.total - c.not_views >= 1
