@@ -59,9 +59,10 @@ def _lm_losses(metric, model, tokenizer, examples, device, max_length) -> torch.
         features.append(f)
         targets.append(target)
     batch = _padded(tokenizer, features, device)
-    labels = torch.full(batch["input_ids"].shape, -100, dtype=torch.long, device=device)
+    labels = np.full(tuple(batch["input_ids"].shape), -100, np.int64)  # on the host: one copy in, not one per example
     for row, t in enumerate(targets):
-        labels[row, : t.size] = torch.from_numpy(t).to(device)
+        labels[row, : t.size] = t
+    labels = torch.from_numpy(labels).to(batch["input_ids"].device)
     logits = _f(model(**M._forward_inputs(model, batch, device)).logits)
     if not masked:
         logits, labels = logits[:, :-1], labels[:, 1:]

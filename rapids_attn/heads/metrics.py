@@ -274,16 +274,25 @@ class LMMetric(TaskMetric):
             features.append(f)
             targets.append(target)
         out = {"loss_sum": np.zeros(len(examples)), "n_tokens": np.zeros(len(examples), np.int64)}
+        # the loss on the logits' device: labels built on the host (numpy), one copy in per batch; the
+        # per-example sums and counts stay there and come back in one copy per call (issue 34)
+        order, sums, counts = [], [], []
         for idx, batch, o in _batches(model, tokenizer, features, device, token_budget):
-            labels = torch.full(batch["input_ids"].shape, -100, dtype=torch.long)
+            labels = np.full(tuple(batch["input_ids"].shape), -100, np.int64)
             for row, i in enumerate(idx):
-                labels[row, : targets[i].size] = torch.from_numpy(targets[i])
-            logits = o.logits.float().cpu()
+                labels[row, : targets[i].size] = targets[i]
+            labels = torch.from_numpy(labels).to(o.logits.device)
+            logits = o.logits.float()
             if not masked:
                 logits, labels = logits[:, :-1], labels[:, 1:]
             loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-            out["loss_sum"][idx] = loss.double().sum(1).numpy()
-            out["n_tokens"][idx] = (labels != -100).sum(1).numpy()
+            order.append(np.asarray(idx, np.int64))
+            sums.append(loss.double().sum(1))
+            counts.append((labels != -100).sum(1))
+        if order:
+            at = np.concatenate(order)
+            out["loss_sum"][at] = torch.cat(sums).cpu().numpy()
+            out["n_tokens"][at] = torch.cat(counts).cpu().numpy()
         return out
 
     def scores(self, partials, examples_meta):

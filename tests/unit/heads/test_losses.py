@@ -107,3 +107,15 @@ def test_retrieval_importance_is_per_batch(tok):
     metric, sites = M.metric_for("retrieval"), head_sites(model)
     sums, units = L.importance_sums(metric, model, tok, sites, EXAMPLES, "cpu", 64, batch_size=2)
     assert units == 2 and sums.shape == (2, 2) and np.all(np.isfinite(sums)) and np.all(sums > 0)
+
+
+def test_lm_losses_equal_each_examples_own_model_loss(tok, tiny_gpt2_dir):
+    """The labels are built on the host and copied once per batch (issue 34): each example's mean token loss
+    in a padded batch is still the model's own loss on that example alone."""
+    model, t = models(tok, tiny_gpt2_dir)["lm"]
+    got = L._lm_losses(M.metric_for("lm"), model, t, EXAMPLES, "cpu", 64)
+    for i, e in enumerate(EXAMPLES):
+        ids = torch.tensor([t(e.text, e.text_pair, truncation=True, max_length=64)["input_ids"]])
+        with torch.no_grad():
+            ref = model(input_ids=ids, labels=ids).loss
+        assert float(got[i]) == pytest.approx(float(ref), rel=1e-5)
