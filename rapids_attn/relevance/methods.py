@@ -193,6 +193,9 @@ def _row_index(query, n: int) -> int:
     raise ValueError(f"query: {query!r}; use 'mean', 'first', 'last' or a row index within the example")
 
 
+PAGERANK_CHECK_EVERY = 16  # power-iteration steps between two convergence checks (each one a device sync)
+
+
 def pagerank(
     attn: torch.Tensor,
     lengths: torch.Tensor,
@@ -203,7 +206,8 @@ def pagerank(
 ) -> torch.Tensor:
     """PageRank on one layer's attention graph: ``attn`` [B, H, T, T] (``heads`` averaged; all by default)
     or [B, T, T]. Transition: each row of A over the valid keys, renormalised; teleport uniform over the
-    valid tokens; a row with no mass teleports. Power iteration to an L1 change below ``tol``."""
+    valid tokens; a row with no mass teleports. Power iteration to an L1 change below ``tol`` (read every
+    ``PAGERANK_CHECK_EVERY`` steps: one host sync per check, not per step)."""
     lengths = torch.as_tensor(lengths)
     if attn.dim() == 4:
         attn = (attn if heads is None else attn[:, list(heads)]).mean(1)
@@ -216,14 +220,17 @@ def pagerank(
     dangling = (out_mass[..., 0] <= 0).to(a.dtype) * valid  # [B, T]
     tele = valid / n
     x = tele.clone()
-    for _ in range(max_iter):
-        spread = (x[:, :, None] * p).sum(1)  # x P
-        dang = (x * dangling).sum(1, keepdim=True) * tele
-        new = damping * (spread + dang) + (1 - damping) * tele
-        new = new * valid
-        new = new / new.sum(1, keepdim=True)
-        done = (new - x).abs().sum(1).max() < tol
-        x = new
-        if done:
+    done = 0
+    while done < max_iter:
+        # convergence is read on the host once per PAGERANK_CHECK_EVERY steps, not once per step (issue 34):
+        # a few steps past the tolerance only bring x closer to the fixed point
+        for _ in range(min(PAGERANK_CHECK_EVERY, max_iter - done)):
+            spread = torch.bmm(x[:, None, :], p).squeeze(1)  # x P
+            dang = (x * dangling).sum(1, keepdim=True) * tele
+            new = damping * (spread + dang) + (1 - damping) * tele
+            new = new * valid
+            prev, x = x, new / new.sum(1, keepdim=True)
+            done += 1
+        if (x - prev).abs().sum(1).max() < tol:
             break
     return x
