@@ -29,49 +29,82 @@ def _xlogx(p: torch.Tensor) -> torch.Tensor:
     return torch.xlogy(p, p)
 
 
-def js_sums(attn: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
+JS_BLOCK_BYTES = 64 << 20  # the most one block's [R, k, N, T] temporary may take: k heads at a time
+
+
+def js_sums(
+    attn: torch.Tensor, lengths: torch.Tensor, block_bytes: int = JS_BLOCK_BYTES
+) -> tuple[torch.Tensor, torch.Tensor]:
     """attn [B, N, T, T] (N heads, any layers; rows are queries), lengths [B] -> (sums [N, N] float64:
     the Jensen-Shannon divergence of each pair of heads summed over the valid query rows, rows: how many
-    rows were summed). Padded keys must carry no mass (as a padding mask makes them); padded query rows
-    (past each example's length) are never read, whatever they hold: the valid rows are gathered once,
-    [B, N, T, T] -> [R, N, T], and only they enter the pairwise loop."""
+    rows were summed, a 0-d int64 tensor), both on ``attn``'s device: nothing here waits for the device.
+    Padded keys must carry no mass (as a padding mask makes them); padded query rows (past each example's
+    length) are set to zero by a row mask, whatever they held (NaN and inf included), and a zero row adds
+    exactly 0 (0 log 0 = 0). Heads are paired k at a time against all the later ones, k as large as keeps
+    the [R, k, N, T] temporary under ``block_bytes`` (at least 1)."""
     n, t = attn.shape[1], attn.shape[-1]
     rows = torch.arange(t, device=attn.device)[None, :] < lengths.to(attn.device)[:, None]  # [B, T]
-    a = attn.transpose(1, 2)[rows]  # [R, N, T]: each valid query row of each example, all heads
+    a = torch.where(rows[:, :, None, None], attn.transpose(1, 2), attn.new_zeros(()))  # [B, T, N, T]
     a = a if a.dtype == torch.float64 else a.float()  # float32 maps stay float32: half the memory
+    a = a.reshape(-1, n, t)  # [R, N, T]: every query row of every example, all heads; padded rows 0
     neg_h = _xlogx(a).sum(-1)  # [R, N]: -entropy of each head's row
+    k = max(1, min(n, block_bytes // max(1, a.shape[0] * n * t * a.element_size())))
     out = torch.zeros(n, n, dtype=torch.float64, device=a.device)
-    for i in range(n):
-        m = 0.5 * (a[:, i : i + 1] + a[:, i:])  # [R, N - i, T]
-        js = 0.5 * (neg_h[:, i : i + 1] + neg_h[:, i:]) - _xlogx(m).sum(-1)  # H(M) - (H(P) + H(Q)) / 2
-        s = js.clamp_min(0.0).sum(0, dtype=torch.float64)  # [N - i]
-        out[i, i:] = s
-        out[i:, i] = s
+    for i in range(0, n, k):
+        j = min(i + k, n)
+        m = 0.5 * (a[:, i:j, None] + a[:, None, i:])  # [R, j - i, N - i, T]
+        js = 0.5 * (neg_h[:, i:j, None] + neg_h[:, None, i:]) - _xlogx(m).sum(-1)  # H(M) - (H(P) + H(Q)) / 2
+        s = js.clamp_min(0.0).sum(0, dtype=torch.float64)  # [j - i, N - i]
+        out[i:j, i:] = s
+        out[i:, i:j] = s.T
     out.fill_diagonal_(0.0)
-    return out, a.shape[0]
+    return out, rows.sum()
 
 
 class HeadDistance:
     """Accumulate Clark et al.'s head distance over batches: ``update(layers, lengths)`` with the
     per-layer maps of one batch ([L] x [B, H, T, T]); ``distance`` is the [L*H, L*H] mean JS
-    divergence (head index = layer * H + head)."""
+    divergence (head index = layer * H + head). The sums and the row count stay on the maps' device
+    until ``sums``, ``rows`` or ``distance`` is read: one copy to the host per task, not per batch."""
 
     def __init__(self):
-        self.sums: np.ndarray | None = None
-        self.rows = 0
+        self._sums: torch.Tensor | None = None
+        self._rows: torch.Tensor | None = None
+        self._host: tuple[np.ndarray | None, int] | None = None
 
     def update(self, layers: list[torch.Tensor], lengths: torch.Tensor) -> None:
         attn = torch.cat([a for a in layers], 1)  # [B, L*H, T, T]
         s, r = js_sums(attn, lengths)
-        s = s.cpu().numpy()
-        self.sums = s if self.sums is None else self.sums + s
-        self.rows += r
+        self._add(s, r)
+
+    def _add(self, s: torch.Tensor, r: torch.Tensor) -> None:
+        if self._sums is None:
+            self._sums, self._rows = s.clone(), r.clone()
+        else:
+            self._sums = self._sums + s.to(self._sums.device)
+            self._rows = self._rows + r.to(self._rows.device)
+        self._host = None
+
+    def _to_host(self) -> tuple[np.ndarray | None, int]:
+        if self._host is None:
+            if self._sums is None:
+                self._host = (None, 0)
+            else:  # sums and count in one copy
+                both = torch.cat([self._sums.reshape(-1), self._rows.reshape(1).to(torch.float64)]).cpu().numpy()
+                self._host = (both[:-1].reshape(self._sums.shape), int(both[-1]))
+        return self._host
+
+    @property
+    def sums(self) -> np.ndarray | None:
+        return self._to_host()[0]
+
+    @property
+    def rows(self) -> int:
+        return self._to_host()[1]
 
     def merge(self, other: HeadDistance) -> None:
-        if other.sums is None:
-            return
-        self.sums = other.sums.copy() if self.sums is None else self.sums + other.sums
-        self.rows += other.rows
+        if other._sums is not None:
+            self._add(other._sums, other._rows)
 
     @property
     def distance(self) -> np.ndarray:

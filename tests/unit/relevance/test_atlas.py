@@ -105,3 +105,35 @@ def test_bad_matrices_and_empty_accumulators_are_refused():
         related_heads(np.zeros((3, 4)))
     with pytest.raises(ValueError, match="no rows"):
         _ = HeadDistance().distance
+
+
+def _js_sums_per_head(attn, lengths):
+    """The definition before issue 34: valid rows gathered by a boolean mask, one head against the later ones."""
+    n, t = attn.shape[1], attn.shape[-1]
+    a = attn.transpose(1, 2)[torch.arange(t)[None, :] < lengths[:, None]]  # [R, N, T]
+    neg_h = torch.xlogy(a, a).sum(-1)
+    out = torch.zeros(n, n, dtype=torch.float64)
+    for i in range(n):
+        m = 0.5 * (a[:, i : i + 1] + a[:, i:])
+        s = (0.5 * (neg_h[:, i : i + 1] + neg_h[:, i:]) - torch.xlogy(m, m).sum(-1)).clamp_min(0).sum(0)
+        out[i, i:] = s
+        out[i:, i] = s
+    out.fill_diagonal_(0.0)
+    return out, a.shape[0]
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])  # one head a block, blocks not dividing the 7 heads, all at once
+def test_blocked_js_sums_equal_the_per_head_loop(k):
+    rng = np.random.default_rng(5)
+    lengths = torch.tensor([3, 9, 6])
+    a = torch.zeros(3, 7, 9, 9, dtype=torch.float64)
+    for e, n in enumerate(lengths.tolist()):
+        x = torch.from_numpy(rng.dirichlet(np.ones(n) * 0.5, size=(7, n)))
+        a[e, :, :n, :n] = x
+        a[e, :, n:, :] = float("nan")  # padded query rows: never read
+    want, want_rows = _js_sums_per_head(a, lengths)
+    r = a.shape[0] * a.shape[-1]  # the blocked form's rows: every query row, padded ones zeroed
+    got, rows = js_sums(a, lengths, block_bytes=r * k * 7 * 9 * 8)
+    assert isinstance(rows, torch.Tensor) and int(rows) == want_rows == 18
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert torch.equal(got, got.T)
