@@ -226,9 +226,10 @@ class RelevanceWorker:
                             r[b, :nb] = M.attention_flow(one, n[b : b + 1].cpu(), query, task.residual, nb)[0]
                     else:
                         raise ValueError(f"relevance.methods: no method {m!r}")
-                    cols.append(r.float().cpu())
-                rb = torch.stack(cols, 1)  # [B, M, T]
-                valid = torch.arange(rb.shape[-1])[None, :] < n.cpu()[:, None]
+                    cols.append(r.to(mask.device, torch.float32))  # flow's host rows go along (small)
+                rb = torch.stack(cols, 1).cpu()  # [B, M, T]: one copy to the host per batch, not one per method
+                n_host = n.cpu()
+                valid = torch.arange(rb.shape[-1])[None, :] < n_host[:, None]
                 rb = torch.where(valid[:, None, :], rb, torch.full_like(rb, float("nan")))
                 bits = np.zeros(tuple(mask.shape), np.uint8)
                 bits |= enc["special_tokens_mask"].numpy().astype(np.uint8) * SPECIAL
@@ -241,7 +242,7 @@ class RelevanceWorker:
                 bits *= valid.numpy()
                 if dist is not None:
                     dist.update(atts, n)
-                parts.append((idx, rb.numpy(), bits, n.cpu().numpy()))
+                parts.append((idx, rb.numpy(), bits, n_host.numpy()))
         # back to the examples' own order: each batch's rows at their places, padded to the longest input
         t = max(r.shape[-1] for _, r, _, _ in parts)
         relevance = np.full((len(ex), len(task.methods), t), np.nan, np.float32)
