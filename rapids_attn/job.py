@@ -234,18 +234,20 @@ class ExtractConfig(Section):
     max_batch_size: int = Field(64, gt=0)
     #: where the model and the embedder run: auto picks CUDA when a worker sees a GPU.
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    #: how attention is captured. ``blocked``: the model's output comes from ``attention_base`` (SDPA by default)
+    #: how attention is captured. ``blocked``: the model's output comes from ``attention_base`` (by default the
+    #: capture's own softmax)
     #: and every map's image, statistics, profile and detectors are accumulated block of query rows by block,
     #: never holding a T x T map (memory grows linearly with the length; no 1024-token cap). ``eager``: the
     #: model runs eager attention and each layer's whole maps are reduced (memory grows with the square).
     #: ``auto``: blocked wherever the model computes attention through transformers' attention interface.
     attention: Literal["auto", "blocked", "eager"] = "auto"
-    #: the implementation that computes the model's output under the blocked capture: ``sdpa``, ``eager``, or
-    #: another that transformers knows (``flash_attention_2`` on a GPU with flash-attn installed); or
-    #: ``capture``: each layer whose every head is captured gets its output from the capture's own blocks of
-    #: weights (one wider product per block instead of a second attention; the same output within 1e-5, about
-    #: 10% faster at 4k tokens on the CPU, docs/benchmarks.md), the rest from SDPA.
-    attention_base: str = Field("sdpa", pattern=r"^[A-Za-z0-9_]+$")
+    #: the implementation that computes the model's output under the blocked capture. ``capture`` (the default):
+    #: each layer whose every head is captured gets its output from the capture's own blocks of weights (one
+    #: wider product per block instead of a second attention over the same scores; the same output within 1e-5,
+    #: faster on the CPU at every length measured and lighter on a GPU in float32, docs/benchmarks.md), the rest
+    #: from SDPA; or ``sdpa``, ``eager``, or another implementation transformers knows (``flash_attention_2`` on a
+    #: GPU with flash-attn installed).
+    attention_base: str = Field("capture", pattern=r"^[A-Za-z0-9_]+$")
     #: MiB of float32 scores and weights one block of query rows may hold (batch x heads x rows x T x 3).
     attention_block_mb: int = Field(64, gt=0)
 

@@ -129,6 +129,10 @@ def detector_score(a: torch.Tensor, pattern: torch.Tensor, conditional: bool = F
     return hit / a[:, rows].sum((-2, -1))
 
 
+#: from how many keys a block reads the recent band as a strided view (LayerReducer._band_mass); below, most rows
+#: of a block are at its edges and one pass against the rows' band is cheaper
+BAND_VIEW_KEYS = 8 * RECENT_WINDOW
+
 #: Relative offsets j - i of the offset profile: mean attention from each query i to key i + o.
 PROFILE_OFFSETS = tuple(range(-4, 5))
 
@@ -421,7 +425,7 @@ class LayerReducer:
         self.detectors = torch.zeros(*shape, len(DETECTOR_NAMES), device=device)
         self._sums: dict[int, _RowSums] = {}  # layer -> the sums of the rows seen so far
         self._offsets = torch.tensor(PROFILE_OFFSETS, device=device)
-        #: (keys, first row, rows) -> |i - j| and the recent band of those rows (encoders), while they fit in block_bytes
+        #: (keys, first row, rows, band) -> |i - j| or the recent band of those rows, while they fit in block_bytes
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
         self._n_host = np.asarray(self.lengths, dtype=np.int64)
@@ -447,17 +451,17 @@ class LayerReducer:
         self.add_rows(layer, self.select_heads(weights), 0, selected=True)
         self.end_layer(layer)
 
-    def _distance_rows(self, n: int, r0: int, m: int, device) -> torch.Tensor:
-        """[m, n, 2] for rows r0 .. r0 + m - 1 against keys 0 .. n - 1 (bidirectional maps; causal ones use a
-        closed form): |i - j|, and 1 where |i - j| < RECENT_WINDOW (the streaming detector's band), so one
-        batched product gives each row's mean distance and its band's mass. Cached while they fit in
-        block_bytes; the same for every example with these rows and keys."""
-        key = (n, r0, m)
+    def _distance_rows(self, n: int, r0: int, m: int, device, band: bool = False) -> torch.Tensor:
+        """[m, n]: |i - j| for rows r0 .. r0 + m - 1 against keys 0 .. n - 1 (bidirectional maps; causal ones use a
+        closed form), or with ``band`` 1 where |i - j| < RECENT_WINDOW. Cached while they fit in block_bytes; the
+        same for every example with these rows and keys."""
+        key = (n, r0, m, band)
         d = self._dist.get(key)
         if d is None:
             i = torch.arange(r0, r0 + m, device=device, dtype=torch.float32)[:, None]
-            dist = (torch.arange(n, device=device, dtype=torch.float32)[None, :] - i).abs()
-            d = torch.stack([dist, (dist < RECENT_WINDOW).float()], dim=-1)
+            d = (torch.arange(n, device=device, dtype=torch.float32)[None, :] - i).abs()
+            if band:
+                d = (d < RECENT_WINDOW).float()
             if self._dist_bytes + d.numel() * 4 <= self.block_bytes:
                 self._dist[key] = d
                 self._dist_bytes += d.numel() * 4
@@ -583,15 +587,12 @@ class LayerReducer:
             got = got * inv[..., None]
         acc.diagonal[bs] += (got * seen[:, None]).sum(2)
         mass = keys[..., _K["mass"]]  # [b, head, m]: each row's mass (0 on rows an example lacks)
-        band = None
         if self.causal:  # sum_j a_ij |i - j| = i * mass_i - sum_j a_ij j when nothing is above the diagonal
             acc.distance[bs] += (rows.float() * mass - both[..., 4]).sum(-1)
-        else:  # [b, head, m, 2]: sum_j a_ij |i - j| and the mass on the recent band, one product
-            db = torch.einsum("bhmk,mkt->bhmt", c, self._distance_rows(kw, r0, m, dev))
-            d = db[..., 0] if inv is None else db[..., 0] * inv
-            acc.distance[bs] += d.sum(-1)
-            band = db[..., 1]  # numerators, like the block: _streaming divides
-        self._streaming(acc, bs, c, r0, rows, mass, inv, spans, sinks, band)
+        else:  # sum_j a_ij |i - j|: one pass against the rows' |i - j| (a product per row would be slower: N = 1)
+            d = (c * self._distance_rows(kw, r0, m, dev)).sum(-1)
+            acc.distance[bs] += (d if inv is None else d * inv).sum(-1)
+        self._streaming(acc, bs, c, r0, rows, mass, inv, spans, sinks)
         self._repeats(acc, bs, c, r0, m, mass, inv, spans)
 
     @staticmethod
@@ -645,10 +646,10 @@ class LayerReducer:
         else:
             image.scatter_add_(2, idx[:, None, :, None].expand(-1, h, -1, s), part)
 
-    def _streaming(self, acc, bs, c, r0: int, rows, mass, inv=None, spans=None, sinks=None, band=None) -> None:
+    def _streaming(self, acc, bs, c, r0: int, rows, mass, inv=None, spans=None, sinks=None) -> None:
         """The streaming detector's sums: each row's mass on the recent window |i - j| < RECENT_WINDOW
-        (``band`` [b, head, rows] where the caller has it, else :meth:`_band_mass`) and on the sink tokens outside
-        it, over the rows that see beyond both (``spans``: within their window's content, :meth:`add_rows`)."""
+        (:meth:`_band_mass`) and on the sink tokens outside it, over the rows that see beyond both (``spans``:
+        within their window's content, :meth:`add_rows`)."""
         w = RECENT_WINDOW
         m, kw = c.shape[2], c.shape[3]
         n_max = int(self._n_host[bs].max())
@@ -669,7 +670,7 @@ class LayerReducer:
         else:
             beyond = (i >= SINK_TOKENS + w) | (i + w <= n - 1)
         beyond = beyond & (i < n)  # [b, m]
-        near = self._band_mass(c, r0) if band is None else band  # [b, head, m]
+        near = self._band_mass(c, r0)  # [b, head, m]
         ii = rows[:, None]
         if sinks is None:  # the input's first tokens
             sink_cols = torch.arange(min(SINK_TOKENS, kw), device=c.device)[None, :]
@@ -690,9 +691,12 @@ class LayerReducer:
         i`` when causal, the keys after a row weighing nothing), for rows r0.. of a block ``c`` [b, head, rows, K].
         The rows whose band lies inside the block's keys read it as a strided view (row i's band starts one
         element further along than row i - 1's: a stride of the row's plus one), no index and no copy; only
-        the rows at the edges gather theirs."""
+        the rows at the edges gather theirs. Up to 8 x RECENT_WINDOW keys, where most rows are edge rows, one pass
+        against the rows' band is cheaper."""
         w = RECENT_WINDOW
         nb, h, m, kw = c.shape
+        if kw <= BAND_VIEW_KEYS:
+            return (c * self._distance_rows(kw, r0, m, c.device, band=True)).sum(-1)
         lo, hi = -(w - 1), 0 if self.causal else w - 1  # the band's first and last key, from the diagonal
         a = min(max(0, -(r0 + lo)), m)  # rows a .. b - 1: those whose band is inside [0, kw)
         b = max(a, min(m, kw - hi - r0))

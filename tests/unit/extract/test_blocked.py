@@ -327,16 +327,19 @@ def test_blocked_on_an_additive_mask_equals_eager(kind):
         torch.testing.assert_close(getattr(got, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("band_view", [False, True], ids=["band-pass", "band-view"])
 @pytest.mark.parametrize("pairs_cache", [None, 0, 20000], ids=["pairs-cached", "pairs-recomputed", "pairs-some"])
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
-def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, monkeypatch):
+def test_blocked_equals_eager_past_the_recent_window(kind, pairs_cache, band_view, monkeypatch):
     """Inputs longer than the sink and the recent window, so the streaming and retrieval detectors are
-    defined (the token ids repeat: far copies exist). An encoder's recent band comes from its distance
-    product, a decoder's from the block's strided view. The batch's pattern positions are moved to the device
-    once, or, past the budget (0 here), each block's are listed again on the host, and kept while the budget
-    (the batch's, not each example's) lasts."""
+    defined (the token ids repeat: far copies exist). The recent band comes from one pass against each row's band
+    or (long inputs; forced here) from the block's strided view. The batch's pattern positions are moved to the
+    device once, or, past the budget (0 here), each block's are listed again on the host, and kept while the
+    budget (the batch's, not each example's) lasts."""
     if pairs_cache is not None:
         monkeypatch.setattr(maps, "PAIRS_CACHE_BYTES", pairs_cache)
+    if band_view:
+        monkeypatch.setattr(maps, "BAND_VIEW_KEYS", 0)
     eager, blocked, _, _ = _models(kind)
     causal = kind not in ENCODERS
     lengths = [150, 97]
