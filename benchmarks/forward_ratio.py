@@ -101,9 +101,10 @@ def bare_process(spec: dict) -> dict:
 
 def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
     """``--in-process``: on one thread, in this process, over the job's batches of ``questions`` questions: the
-    bare eager forward, the bare SDPA forward, the blocked capture (SDPA's output plus every map's image,
-    statistics, profile and detectors, as a worker computes them), and extract as a worker runs it (the capture
-    and the pattern CNN over every map), alternated ``rounds`` times; the best round of each."""
+    bare eager forward, the bare SDPA forward, the blocked capture (the model's output, from the job's default
+    ``attention_base``, plus every map's image, statistics, profile and detectors, as a worker computes them), and
+    extract as a worker runs it (the capture and the pattern CNN over every map), alternated ``rounds`` times; the
+    best round of each."""
     import torch
 
     from rapids_attn.extract.capture import AttentionCapture
@@ -116,7 +117,7 @@ def in_process(data: str, questions: int, seed: int, rounds: int = 2) -> dict:
     tok = load_tokenizer(mcfg)
     sep, punct = separator_ids(tok), punctuation_ids(tok)
     models = {a: bare_model(mcfg, a) for a in ("eager", "sdpa")}
-    models["blocked"] = load_model(mcfg, "cpu", "float32", attention="blocked")
+    models["blocked"] = load_model(mcfg, "cpu", "float32", attention="blocked", base=ecfg.attention_base)
     lengths, batches, encs = job_batches(tok, data, questions, seed, 512, ecfg, models["blocked"].config.hidden_size)
     n_layers = models["blocked"].config.num_hidden_layers
     n_heads = models["blocked"].config.num_attention_heads

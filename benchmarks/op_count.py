@@ -239,17 +239,26 @@ def main(argv=None) -> None:
         help="pairs: question + context truncated to each --tokens; questions: the questions alone (the quickstart's "
         "inputs, 10-30 tokens; --tokens is then ignored)",
     )
+    p.add_argument(
+        "--block-mb",
+        type=int,
+        default=None,
+        help="extract.attention_block_mb for the blocked capture (default: the job's default, 64)",
+    )
     p.add_argument("--top", type=int, default=0, help="also print the N most frequent ops of each capture count")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     shape = {"minilm": (6, 12, 384), "bert-base": (12, 12, 768)}[args.model]
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_model(minilm_shaped(*shape), Path(tmp) / "model")
-        blocked, eager = extractor(folder, "blocked"), extractor(folder, "eager")
+        blocked, eager = extractor(folder, "blocked", args.block_mb), extractor(folder, "eager")
         bare = {a: AutoModel.from_pretrained(folder, attn_implementation=a).eval() for a in ("eager", "sdpa")}
         pairs = squad_pairs(max(args.batches), args.data)
         what = "question + context, truncated to the tokens" if args.text == "pairs" else "questions alone"
-        print(f"model: {args.model} shape (layers, heads, hidden) {shape}, random weights; SQuAD {what}")
+        budget = f"{args.block_mb} MiB" if args.block_mb else "the default 64 MiB"
+        print(
+            f"model: {args.model} shape (layers, heads, hidden) {shape}, random weights; SQuAD {what}; blocks of {budget}"
+        )
         head = (
             "| tokens | batch | capture | ops | not views | of which the reduction | syncs (in reduction) "
             "| bare eager (not views) | bare sdpa (not views) | capture / bare eager, not views |"

@@ -1,5 +1,7 @@
 """The job schema: presets, overrides, one-line errors with the nearest valid name."""
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -206,9 +208,30 @@ def test_batching_settings_do_not_change_the_store_key(tmp_path):
             "extract.max_batch_size=8",
             "extract.device=cpu",
             "embed.batch_size=64",
+            "extract.attention_base=eager",
+            "extract.attention_block_mb=1024",
         ],
     )
     assert a.extraction_key() == b.extraction_key()
+
+
+def test_the_capture_base_default_keeps_the_keys_of_stores_made_before_it_changed(tmp_path):
+    """Issue 34 made ``capture`` the default base; a store made by the same job under the old default (``sdpa``,
+    64 MiB blocks) still matches: the key holds those values, whatever the job says."""
+    cfg = load_job(minimal(tmp_path))
+    assert cfg.extract.attention_base == "capture"
+    d = cfg.to_dict()
+    keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
+    keep["data_content"] = ""
+    keep["extract"] = {
+        k: v
+        for k, v in keep["extract"].items()
+        if k not in ("device", "token_budget", "attention_budget", "max_batch_size")
+    }
+    keep["extract"].update(attention_base="sdpa")  # the old default, as the old key function saw it
+    keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
+    old = hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+    assert cfg.extraction_key() == old
 
 
 def test_data_format_parquet_is_a_choice_and_leaves_other_keys_alone(tmp_path):
