@@ -16,8 +16,8 @@ counted apart.
 The model is a MiniLM-shaped BERT (6 layers x 12 heads, hidden 384: all-MiniLM-L6-v2's shape) with random
 weights, or ``--model bert-base`` (12 x 12, hidden 768); inputs are SQuAD question + context pairs of
 ../shared/data truncated to ``--tokens`` (128 and 512 by default), so lengths are ragged below the cap. Counted:
-one batch through :meth:`rapids_attn.extract.shard.Extractor.run_batch`'s capture (the blocked capture over SDPA
-with the default block budget, and eager), against the bare forward of the same model (eager attention, and SDPA)
+one batch through :meth:`rapids_attn.extract.shard.Extractor.run_batch`'s capture (the blocked capture with the
+job's defaults: ``attention_base: capture``, 64 MiB blocks unless ``--block-mb``; and eager), against the bare forward of the same model (eager attention, and SDPA)
 on the same padded batch. Printed as a table; recorded in docs/benchmarks.md ("Operations per batch").
 """
 

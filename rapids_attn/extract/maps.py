@@ -382,8 +382,9 @@ class LayerReducer:
     references the tests hold it to.
 
     The reduction is shaped for a GPU (issue 34): a block is reduced for the whole batch at once, its ragged
-    examples handled by length masks on the padded tensors, so the operations per block (about 80) do not depend
-    on the batch size or the length, and nothing in :meth:`add_rows` or :meth:`end_layer` waits for the device
+    examples handled by length masks on the padded tensors, so the operations per block (90-110, and 57 per layer
+    to finish it) do not depend on the batch size or the length, and nothing in :meth:`add_rows` or
+    :meth:`end_layer` waits for the device
     (no ``.item()``, no data-dependent shape). What depends on the token ids (the duplicate-token and induction
     pattern positions, the rows that have a target) is worked out on the host from the ids when the reducer is
     built, before the forward, and moved to the device once (:class:`_Patterns`); each block reads its slice.
