@@ -570,7 +570,8 @@ class LayerReducer:
         if log_seen is None:
             inv_log = bw.inv_log_seen[bs, r0 : r0 + m]  # [b, m]
         else:  # windows: each row's own keys; rows before the first that sees two keys do not count
-            first_valid = int(bw.first_valid[bs][0])
+            n0 = int(n_host[0])  # host arithmetic, as SignatureWeights.first_valid
+            first_valid = (1 if self.causal else 0) if n0 > 1 else n0
             at = torch.arange(r0, r0 + m, device=dev)
             inv_log = torch.where(at >= first_valid, 1.0 / log_seen[:m].to(dev), 0.0)[None]
         acc.entropy_norm[bs] += (ent * inv_log[:, None, :]).sum(-1)
@@ -735,7 +736,8 @@ class LayerReducer:
                 far = slot % 3 == 2
                 held = ek >= spans[:m, 0].to(c.device)[ei]
                 got = got * (~far | held)[:, None]
-                far_rows = torch.zeros(b, m, device=c.device).index_put_((eb[far], ei[far]), held[far].float())
+                far_held = (far & held).float()  # added up by row: no boolean selection (a sync)
+                far_rows = torch.zeros(b, m, device=c.device).index_put_((eb, ei), far_held, accumulate=True)
                 flags = torch.cat([flags[..., :2], (far_rows > 0).float()[..., None]], dim=-1)
             hits = acc.hits[bs].reshape(b * 3, -1)  # [b x 3, head]: a view (hits is [batch, 3, head])
             hits.index_add_(0, slot, got)
@@ -891,6 +893,7 @@ class _Patterns:
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, device):
         self.device = device
         b, t = ids.shape
+        self.n_examples = b
         valid = np.arange(t)[None, :] < lengths[:, None]
         ii, bb = np.nonzero(valid.T)  # every position, row-major across the batch
         tok = ids[bb, ii]
@@ -967,7 +970,8 @@ class _Patterns:
                 return None
             eb, ei, ek, slot = got
         ei = ei - r0
-        if bs.start is not None:  # one example's block (windows): its own entries, at index 0
+        if bs.start is not None and self.n_examples > 1:  # one example's block of a batch: its own entries
+            # (a boolean selection, a sync; the windows' reducer holds one example and never comes here)
             eb_host = bs.start
             keep = eb == eb_host
             eb, ei, ek, slot = eb[keep] - eb_host, ei[keep], ek[keep], slot[keep] - 3 * eb_host
