@@ -380,6 +380,7 @@ def _zero_hidden(w, hide) -> None:
 
 def block_rows(batch: int, heads: int, kv_len: int, budget_bytes: int) -> int:
     """Query rows per block so that a block's float32 scores and weights fit in ``budget_bytes``."""
-    # scores, mask and weights, and the reducer's per-row columns of one example (LayerReducer._row_columns)
+    # scores, mask and weights (the reducer's one-pass temporaries, a block each, reuse that room), and the |i - j|
+    # and band rows the reducer caches for the block's rows
     per_row = max(batch * heads * kv_len * 4 * 3 + kv_len * 4 * 6, 1)
     return max(1, int(budget_bytes // per_row))

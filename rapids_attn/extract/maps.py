@@ -549,7 +549,7 @@ class LayerReducer:
             dot = (full[..., 5 : 5 + d] * softmax.queries[:, :, :m].float()).sum(-1) * inv  # sum_j p_ij s_ij
             if softmax.values is not None:  # the rows' attention output: sum_j p_ij v_j (0 past a length)
                 softmax.out[:, :, r0 : r0 + m] = full[..., 5 + d : width - (s if merged else 0)] * inv[..., None]
-            row_entropy = (torch.log(z.clamp_min(1e-30)) + softmax.top[:, :, :m].float() - dot) * (inv > 0)
+            row_entropy = torch.log(z.clamp_min(1e-30)) + softmax.top[:, :, :m].float() - dot  # masked below
             row_max = inv
             both = full[..., :5] * inv[..., None]
         keys = both[..., :4]  # a fresh product's columns: changed in place below
