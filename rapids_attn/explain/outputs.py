@@ -145,6 +145,8 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
             # or why a planned multi-GPU fit ran in the job process
             "multi_gpu_placement": learn.get("fit_placement"),
             "multi_gpu_skipped": learn.get("multi_gpu_skipped"),
+            # the worker a single-GPU fit ran on, from its RMM pool (None: in the job process)
+            "learn_worker": learn.get("fit_worker"),
             "runtime": dict(ctx.runtime),
             "machine": machine_description(),
         },

@@ -13,17 +13,25 @@ reduced space (noise stays noise). A density fit that leaves every map, or more 
 as noise still succeeds, with a one-line warning in the result's ``warnings`` (:func:`noise_warnings`),
 which the learn stage prints and the report shows. On a GPU the same code runs on cuML with CuPy blocks.
 
-With two or more GPU workers and a fit that cuml.dask can run (PCA then KMeans with a fixed k), the
-fit is spread over the GPUs instead (:class:`_SpreadFit`): each worker reads its share of the
-sample's store chunks itself, onto its own GPU (the job process reads no features), the parts stay
-there (persisted, assigned round-robin), cuml.dask fits PCA and KMeans on them, and every store chunk
-is then transformed, assigned and written by a worker. ``summary.json`` records how many parts,
-workers and distinct GPUs (by UUID) held the fit's data.
+With two or more GPU workers and a fit that cuml.dask can run (PCA then KMeans), the fit is spread
+over the GPUs instead (:class:`_SpreadFit`): each worker reads its share of the sample's store chunks
+itself, onto its own GPU (the job process reads no features), the parts stay there (persisted,
+assigned round-robin), cuml.dask fits PCA and KMeans on them, and every store chunk is then
+transformed, assigned and written by a worker. The figures of the single-process fit are kept: the
+k sweep runs on one GPU worker over its seeded sample of the reduced maps (gathered from the parts),
+and the stability refits are cuml.dask KMeans fits of the whole spread sample with the next seeds.
+``summary.json`` records how many parts, workers and distinct GPUs (by UUID) held the fit's data.
+
+A single-GPU fit (cuML) of a run whose workers are up (a local-cuda cluster, or an external one with GPU
+workers) runs on one GPU worker (:func:`fit_worker`), not in the job process: the workers hold RMM pools
+of most of their GPU's memory (80% by default), so the job process would get what is left of GPU 0.
+The worker fits from its own pool and writes the store itself; ``fit_worker`` in the summary names it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -424,10 +432,37 @@ def noise_warnings(cluster, counts: dict[int, int], n_maps: int) -> list[str]:
 
 
 def supports_multi_gpu(reduce, cluster) -> bool:
-    """Whether this fit can run on cuml.dask across GPU workers: KMeans with a fixed k on the PCA
-    output. UMAP, DBSCAN, HDBSCAN and the k sweep (``n_clusters: auto``) have no cuml.dask form
-    here: they fit in the job process, on its GPU, and the pipeline closes the cluster first."""
-    return cluster.method == "kmeans" and isinstance(cluster.n_clusters, int) and not reduce.umap.enabled
+    """Whether this fit can run on cuml.dask across GPU workers: KMeans on the PCA output (its k fixed, or
+    picked by the k sweep, which runs on one GPU worker over the sweep's sample). UMAP, DBSCAN and HDBSCAN
+    have no cuml.dask form here: they fit on one GPU, on a worker (:func:`fit_worker`)."""
+    return cluster.method == "kmeans" and not reduce.umap.enabled
+
+
+def fit_worker(backend: LearnBackend, client, ids: dict[str, str | None] | None = None) -> str | None:
+    """The worker a single-GPU fit runs on: the first with a GPU, when the fit is cuML's and the job has
+    workers (None: the fit runs in this process). The workers' RMM pools hold most of each GPU (80% by
+    default): a fit in the job process would get what is left of GPU 0, so it goes to a worker, which fits
+    from its pool. With no GPU among the workers (an external cluster of CPU workers) the fit stays here,
+    on this process's GPU, which no worker holds."""
+    if not backend.gpu or client is None:
+        return None
+    workers = one_worker_per_gpu(gpu_ids(client) if ids is None else ids)
+    return workers[0] if workers else None
+
+
+def _fit_store_on_worker(store, reduce, cluster, backend: LearnBackend, seed: int) -> dict:
+    """On a GPU worker: :func:`fit_store` of the store at ``store`` (it writes the store itself)."""
+    return fit_store(zarr.open_group(store, mode="r+"), reduce, cluster, backend, seed)
+
+
+def _worker_address() -> str | None:
+    """The address of the Dask worker running this code (None: the job process)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError):
+        return None
 
 
 def fit_store(
@@ -439,7 +474,20 @@ def fit_store(
     ``reduce`` and ``cluster`` are the job's ReduceConfig and ClusterConfig; any store with a
     ``features`` array works, with no job file. ``multi_gpu`` (from the device plan) spreads the
     fit over the GPU workers of ``client`` with cuml.dask when at least two distinct GPUs joined
-    and the fit has a cuml.dask form; otherwise the fit runs in this process."""
+    and the fit has a cuml.dask form; otherwise a cuML fit runs on one GPU worker of ``client``
+    (:func:`fit_worker`), and any other fit in this process."""
+    ids = gpu_ids(client) if client is not None and (multi_gpu or backend.gpu) else {}
+    gpu_workers = one_worker_per_gpu(ids)
+    n_gpus = len(gpu_workers)
+    spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1
+    worker = None if spread else fit_worker(backend, client, ids)
+    if worker is not None:  # the whole fit on that worker, from its RMM pool
+        info = client.submit(
+            _fit_store_on_worker, g.store, reduce, cluster, backend, seed, workers=[worker], pure=False
+        ).result()
+        if multi_gpu:
+            info["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus)
+        return info
     mark_complete(g, "learn", False)
     feats = g[S.FEATURES]
     e, nl, nh, d = feats.shape
@@ -452,9 +500,6 @@ def fit_store(
     if reduce.sample_by == "group":
         _, groups = np.unique(read_strings(g[S.EXAMPLE_GROUP]), return_inverse=True)
     idx = _sample_maps(n_maps, reduce.fit_sample, seed, groups, nl * nh)
-    gpu_workers = one_worker_per_gpu(gpu_ids(client)) if multi_gpu and client is not None else []
-    n_gpus = len(gpu_workers)
-    spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1
     counts: dict[int, int] = {}
     placement = None
     kmeans_workers = 0
@@ -463,7 +508,10 @@ def fit_store(
         try:  # the parts are held on the workers' GPUs until released, whatever happens
             fit.fit(feats, idx, reduce, cluster, timings)
             model, placement = fit.model, fit.placement
-            stability = None  # the fit sample stays spread over the GPUs: no refits (summary says so)
+            t = time.perf_counter()
+            stability = fit.stability(cluster.stability_seeds)
+            if stability is not None:
+                timings["stability"] = time.perf_counter() - t
             k = int(model.pca.n_components)
             _output_arrays(g, e, nl, nh, rows, k)
             t2 = time.perf_counter()
@@ -518,19 +566,21 @@ def fit_store(
         "stability": stability,
         "k_sweep": model.sweep,
         "kmeans_workers": kmeans_workers,
+        "fit_worker": _worker_address(),  # None: this fit ran in the job process (fit_worker says when not)
         "sample_by": reduce.sample_by,
         "seconds": timings,
     }
     if multi_gpu and not spread:
-        info["multi_gpu_skipped"] = (
-            f"{n_gpus} distinct GPU(s) among the workers"
-            if supports_multi_gpu(reduce, cluster)
-            else "no cuml.dask form"
-        )
+        info["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus)
     if placement is not None:
         info["fit_placement"] = placement
     mark_complete(g, "learn", True, info)
     return info
+
+
+def _spread_skipped(reduce, cluster, n_gpus: int) -> str:
+    """Why a fit the device plan meant to spread over the GPUs was not."""
+    return f"{n_gpus} distinct GPU(s) among the workers" if supports_multi_gpu(reduce, cluster) else "no cuml.dask form"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -579,6 +629,8 @@ class _SpreadFit:
         self.workers = workers
         self.seed = seed
         self.parts = []  # [(future, n_rows)]
+        self.z = None  # the reduced sample (a dask array persisted on the workers)
+        self.kmeans = None  # cuml.dask's fitted KMeans
         self.model: _Model | None = None
         self.placement: dict = {}
 
@@ -600,17 +652,66 @@ class _SpreadFit:
         t1 = time.perf_counter()
         pca = backend.dask_pca(client, min(reduce.pca_components, d))
         pca.fit(x)
-        z = pca.transform(x)
+        self.z = client.persist(pca.transform(x))  # the reduced sample, on the workers' GPUs
+        wait(self.z)
+        if any(math.isnan(c) for c in self.z.chunks[0]):  # rows per part, for the sweep's row selection
+            self.z.compute_chunk_sizes()
         t2 = time.perf_counter()
-        kmeans = backend.dask_kmeans(client, cluster.n_clusters, self.seed)
-        kmeans.fit(z)
-        t3 = time.perf_counter()
-        timings.update({"fit": t3 - t1, "reduce_fit": t2 - t1, "k_sweep": 0.0, "cluster_fit": t3 - t2})
-
         model = _Model(reduce, cluster, self.seed, backend, d)  # the single-GPU chain the workers apply
+        if cluster.k_sweep is not None:
+            model.sweep = self.sweep(cluster)
+        t3 = time.perf_counter()
+        k = (
+            cluster.n_clusters
+            if cluster.n_clusters != "auto"
+            else model.sweep["best_silhouette_k"] or cluster.k_sweep[0]
+        )
+        if model.sweep is not None:
+            model.sweep["chosen"] = int(k)
+        kmeans = backend.dask_kmeans(client, int(k), self.seed)
+        kmeans.fit(self.z)
+        t4 = time.perf_counter()
+        timings.update({"fit": t4 - t1, "reduce_fit": t2 - t1, "k_sweep": t3 - t2, "cluster_fit": t4 - t3})
         model.pca = pca.get_combined_model()
         model.clusterer = kmeans.get_combined_model()
+        self.kmeans = kmeans
         self.model = model
+
+    def _gather(self, x, rows: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``rows`` (all: None) of a spread dask array, gathered here as one NumPy array."""
+        if rows is not None:
+            x = x[rows]
+        meta = np.empty((0,) * x.ndim, dtype=x.dtype)
+        return np.asarray(x.map_blocks(self.backend.to_numpy, dtype=x.dtype, meta=meta).compute())
+
+    def sweep(self, cluster) -> dict:
+        """The k sweep of the single-process fit, on one GPU worker: the sweep's seeded sample of the reduced
+        maps (at most ``cluster.sweep_sample``, the rows :func:`sweep_k` would draw) gathered from the parts and
+        swept there, with each k's stability refit."""
+        rows = _sample_maps(int(self.z.shape[0]), cluster.sweep_sample, self.seed)
+        zs = self._gather(self.z, rows)
+        args = (zs, cluster.k_sweep, cluster.sweep_sample, cluster.silhouette_sample, self.seed)
+        fut = self.client.submit(
+            _sweep_on_worker, self.backend, *args, cluster.stability_seeds > 0, workers=self.workers[:1], pure=False
+        )
+        return fut.result()
+
+    def stability(self, n_seeds: int) -> dict | None:
+        """The single-process fit's stability figure: the fit's labels of the whole spread sample against
+        cuml.dask KMeans refits of it with the next ``n_seeds`` seeds (adjusted Rand index)."""
+        if not n_seeds:
+            return None
+        from sklearn.metrics import adjusted_rand_score
+
+        k = int(self.model.clusterer.n_clusters)
+        mine = self._gather(self.kmeans.predict(self.z))
+        seeds = [self.seed + i for i in range(1, n_seeds + 1)]
+        ari = []
+        for s in seeds:
+            refit = self.backend.dask_kmeans(self.client, k, s)
+            refit.fit(self.z)
+            ari.append(round(float(adjusted_rand_score(mine, self._gather(refit.predict(self.z)))), 4))
+        return {"seeds": seeds, "ari": ari, "min_ari": min(ari), "n_fit": int(mine.shape[0])}
 
     def assign_all(self, e: int, rows: int) -> dict[int, int]:
         """Every store chunk transformed, assigned and written by one of the GPU workers (the
@@ -648,7 +749,17 @@ class _SpreadFit:
     def release(self) -> None:
         if self.parts:
             self.client.cancel([f for f, _ in self.parts])
+        if self.z is not None:
+            self.client.cancel(self.z)
         self.parts = []
+        self.z = None
+
+
+def _sweep_on_worker(
+    backend: LearnBackend, zs: np.ndarray, k_range, sample: int, sil_sample: int, seed: int, stability
+):
+    """On a GPU worker: :func:`sweep_k` of the gathered sample ``zs`` (its fits run there, one after another)."""
+    return sweep_k(backend, backend.asarray(zs), k_range, sample, sil_sample, seed, stability)
 
 
 def _spread_parts(client, backend: LearnBackend, feats, idx: np.ndarray, rows: int, workers: list[str]):

@@ -110,11 +110,17 @@ class LearnStage(Stage):
             )
 
     def uses_cluster(self, ctx: RunContext) -> bool:
-        """A multi-GPU fit (cuml.dask) runs on the workers. On the CPU, KMeans's extra fits (the k sweep's and
-        the stability refits, :class:`rapids_attn.learn.fit.KMeansFits`) do too, when this run has a stage
-        that starts the workers anyway (extract's workers, their models dropped, are kept for them); any
-        other fit runs in this process, and idle workers (with their RMM pools) would hold memory it needs."""
-        return ctx.devices.multi_gpu_learn or self.refits_on_workers(ctx)
+        """A multi-GPU fit (cuml.dask) runs on the workers. So does a single-GPU (cuML) fit, on one GPU worker
+        (:func:`rapids_attn.learn.fit.fit_worker`), when this run has a stage that starts the workers anyway:
+        their RMM pools hold most of each GPU, and a later stage (heads, relevance) keeps them up, so the job
+        process would get what is left of GPU 0. On the CPU, KMeans's extra fits (the k sweep's and the
+        stability refits, :class:`rapids_attn.learn.fit.KMeansFits`) run on the workers too, in the same case
+        (extract's workers, their models dropped, are kept for them); any other fit runs in this process."""
+        return ctx.devices.multi_gpu_learn or self.refits_on_workers(ctx) or self.fits_on_a_gpu_worker(ctx)
+
+    def fits_on_a_gpu_worker(self, ctx: RunContext) -> bool:
+        """A cuML fit of a run whose workers are up anyway: it goes to a GPU worker and fits from its pool."""
+        return ctx.devices.learn is not None and ctx.devices.learn.gpu and bool(WORKER_STAGES & set(ctx.stages))
 
     def warm(self, ctx: RunContext, client=None) -> None:
         """scikit-learn's estimators, imported in a thread here and by each worker that will fit (about 1 s

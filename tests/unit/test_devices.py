@@ -63,14 +63,14 @@ def test_gpu_machine_plan(two_gpus_with_cuml):
     p = plan(runtime={"cluster": "local-cuda"})
     assert p.extract.device == "cuda" and p.learn.name == "cuml" and p.multi_gpu_learn is True
     assert plan(runtime={"cluster": "local-cuda", "n_workers": 1}).multi_gpu_learn is False
-    assert plan().multi_gpu_learn is False  # a LocalCluster fits on the job process's GPU
+    assert plan().multi_gpu_learn is False  # a LocalCluster of CPU workers: a single-GPU fit
     assert plan(runtime={"learn_backend": "cpu"}).learn.name == "sklearn"
-    # only KMeans with a fixed k on the PCA output runs on cuml.dask; anything else fits in the job
-    # process, so the workers (and their RMM pools) must not be kept for it
+    # only KMeans on the PCA output runs on cuml.dask (its k fixed, or picked by the k sweep on one GPU worker);
+    # anything else is a single-GPU fit (on a GPU worker: rapids_attn.learn.fit.fit_worker)
     cuda = {"cluster": "local-cuda"}
     assert plan(runtime=cuda, cluster={"method": "dbscan"}).multi_gpu_learn is False
     assert plan(runtime=cuda, cluster={"method": "hdbscan"}).multi_gpu_learn is False
-    assert plan(runtime=cuda, cluster={"n_clusters": "auto"}).multi_gpu_learn is False
+    assert plan(runtime=cuda, cluster={"n_clusters": "auto"}).multi_gpu_learn is True
     assert plan(runtime=cuda, reduce={"umap": {"enabled": True}}).multi_gpu_learn is False
 
 
@@ -132,3 +132,46 @@ def test_only_the_device_module_looks_at_cuda():
     assert offenders == []
     runtime_hits = _cuda_lookups(pkg / "runtime.py")
     assert runtime_hits and all(h.endswith("cuda_device_count") for h in runtime_hits)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "gpu", "bf16", "want"),
+    [
+        ("bfloat16", True, True, "bfloat16"),  # Gemma 2/3 and most recent decoders: their own dtype
+        ("bfloat16", True, False, "float32"),  # a GPU without native bfloat16: never float16, which overflows
+        ("float16", True, True, "float16"),
+        ("float16", True, False, "float16"),
+        ("float32", True, True, "float16"),  # float32 or unnamed: the GPU default, as before (the stores' keys hold)
+        (None, True, True, "float16"),
+        (None, True, False, "float16"),
+        ("bfloat16", False, False, "float32"),  # the CPU: float32 whatever the checkpoint
+        ("float16", False, False, "float32"),
+        (None, False, False, "float32"),
+    ],
+)
+def test_auto_model_dtype_follows_the_checkpoint(checkpoint, gpu, bf16, want):
+    assert devices.auto_model_dtype(checkpoint, gpu, bf16) == want
+
+
+def test_a_worker_resolves_auto_from_the_checkpoint_and_its_gpu(monkeypatch):
+    """model.dtype: auto is resolved where the model runs: from the checkpoint's dtype and whether that worker's GPU
+    runs bfloat16; a dtype set in the job is kept as it is."""
+    import torch
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for bf16, want in [(True, "bfloat16"), (False, "float32")]:
+        monkeypatch.setattr(devices, "bf16_supported", lambda bf16=bf16: bf16)
+        w = ExtractDevices("cuda").on_this_worker("bfloat16")
+        assert (w.device, w.model_dtype, w.embed_precision) == ("cuda:0", want, "float16")
+    assert ExtractDevices("cuda").on_this_worker(None).model_dtype == "float16"
+    assert ExtractDevices("cuda", "float32").on_this_worker("bfloat16").model_dtype == "float32"
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    assert ExtractDevices("worker").on_this_worker("bfloat16").model_dtype == "float32"
+
+
+def test_bf16_support_is_false_without_cuda(no_gpu, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.bf16_supported() is False

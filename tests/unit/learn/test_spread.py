@@ -35,6 +35,9 @@ class _DaskStandIn:
         n = self.model.n_components
         return x.map_blocks(self.model.transform, dtype=np.float32, chunks=(x.chunks[0], (n,)))
 
+    def predict(self, x, delayed=True):
+        return x.map_blocks(self.model.predict, dtype=np.int32, drop_axis=1)
+
     def get_combined_model(self):
         return self.model
 
@@ -116,6 +119,39 @@ def test_spread_fit_writes_what_the_single_process_fit_writes(tmp_path, client, 
     assert spread["cluster_sizes"] == single["cluster_sizes"]
     assert spread["silhouette"] == pytest.approx(single["silhouette"], abs=0.05)
     assert g2.attrs["learn_complete"] is True
+    # the k sweep and the stability refits are kept (issue 35: they were dropped, and summary.json said null)
+    for key in ("k", "chosen", "best_silhouette_k", "n"):
+        assert spread["k_sweep"][key] == single["k_sweep"][key], key
+    np.testing.assert_allclose(spread["k_sweep"]["silhouette"], single["k_sweep"]["silhouette"], atol=1e-3)
+    np.testing.assert_allclose(spread["k_sweep"]["stability"], single["k_sweep"]["stability"], atol=1e-3)
+    assert spread["stability"]["seeds"] == single["stability"]["seeds"] == [1, 2]
+    np.testing.assert_allclose(spread["stability"]["ari"], single["stability"]["ari"], atol=1e-3)
+    assert spread["stability"]["n_fit"] == single["stability"]["n_fit"] == 150
+    assert not client.who_has()  # the parts, the reduced sample and the refits released
+
+
+def test_spread_fit_picks_k_with_the_sweep_on_one_worker(tmp_path, client, monkeypatch):
+    """n_clusters: auto spreads too: the sweep runs on the first GPU worker over its sample, and the spread
+    KMeans fits the k it picked, as the single-process fit does."""
+    from distributed import get_task_stream
+
+    g, _ = planted_store(tmp_path)
+    other = tmp_path / "copy.zarr"
+    shutil.copytree(tmp_path / "store.zarr", other)
+    reduce, cluster = learn_sections(**{"cluster.n_clusters": "auto", "cluster.k_sweep": [2, 5]})
+    single = fit_store(g, reduce, cluster, LearnBackend("sklearn", "test"), seed=0)
+    workers = sorted(client.scheduler_info()["workers"])
+    monkeypatch.setattr(fit_mod, "gpu_ids", lambda c: dict(zip(workers, ["GPU-a", "GPU-b"])))
+    g2 = zarr.open_group(str(other), mode="r+")
+    with get_task_stream(client) as ts:
+        spread = fit_store(
+            g2, reduce, cluster, _SpreadBackend("sklearn", "test"), seed=0, client=client, multi_gpu=True
+        )
+    sweeps = [t for t in ts.data if str(t["key"]).startswith("_sweep_on_worker")]
+    assert len(sweeps) == 1 and sweeps[0]["worker"] == workers[0]
+    assert spread["multi_gpu"] is True
+    assert spread["k_sweep"]["chosen"] == single["k_sweep"]["chosen"] == spread["n_clusters"] == 3
+    np.testing.assert_array_equal(g2[S.CLUSTER][:], g[S.CLUSTER][:])
 
 
 def test_spread_is_skipped_with_fewer_than_two_gpus(tmp_path, client):
@@ -184,7 +220,7 @@ def test_the_sweep_and_refits_run_on_cpu_workers_with_the_figures_of_this_proces
         ({}, ("extract", "learn", "explain"), False, True),  # the default job: its workers are up anyway
         ({}, ("learn", "heads"), False, True),
         ({}, ("learn", "explain"), False, False),  # no stage of this run starts workers: not for the sweep alone
-        ({}, ("extract", "learn"), True, False),  # cuML fits on the job's GPU in milliseconds
+        ({}, ("extract", "learn"), True, True),  # cuML fits on a GPU worker, from its pool (test_fit_place.py)
         ({"cluster.k_sweep": None, "cluster.stability_seeds": 0}, ("extract", "learn"), False, False),  # no refits
         ({"cluster.k_sweep": None}, ("extract", "learn"), False, True),  # the stability refits alone
         ({"cluster.method": "dbscan", "cluster.k_sweep": None}, ("extract", "learn"), False, False),
