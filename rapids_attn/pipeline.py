@@ -203,6 +203,10 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
     )
     _check_run_dir(ctx)
     built = [STAGES[name].from_job(cfg) for name in stages]
+    if any(st.uses_cluster(ctx) for st in built):  # the cluster's settings against this machine (GPUs, TLS)
+        from rapids_attn.runtime import check_runtime
+
+        check_runtime(cfg.runtime)
     for st in built:
         st.check(ctx)
     _check_requirements(ctx, built)

@@ -1,9 +1,10 @@
 """The Dask cluster a job runs on: a context manager that yields a ``distributed.Client``.
 
 - ``local``: a ``LocalCluster`` (CPU workers; the quickstart and CI).
-- ``local-cuda``: a dask-cuda ``LocalCUDACluster``, one worker per GPU, with an RMM pool that
-  PyTorch and CuPy allocate from (set up by dask-cuda), so the model, the CNN and a multi-GPU fit
-  share one pool per GPU. A single-GPU fit runs in the job process, after the cluster is closed.
+- ``local-cuda``: a dask-cuda ``LocalCUDACluster``, one worker per GPU (``n_workers`` at most the visible
+  GPUs, checked in preflight), with an RMM pool that PyTorch and CuPy allocate from (set up by dask-cuda), so
+  the model, the CNN and the fit share one pool per GPU. A single-GPU fit runs on one GPU worker, from its pool
+  (:func:`rapids_attn.learn.fit.fit_worker`): the job process would get only what the pools leave of GPU 0.
 - ``scheduler``: an existing cluster (``address`` or ``scheduler_file``): multi-node, dask-jobqueue,
   dask-kubernetes, or ``dask scheduler`` + ``dask cuda worker`` by hand.
 
@@ -36,7 +37,7 @@ import threading
 from distributed import WorkerPlugin
 
 from rapids_attn.devices import cuda_device_count
-from rapids_attn.errors import BackendUnavailableError
+from rapids_attn.errors import BackendUnavailableError, JobConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,17 @@ def check_runtime(cfg) -> None:
             raise BackendUnavailableError(
                 "runtime.cluster: local-cuda needs dask-cuda; pip install 'rapids_attn[gpu]' or use cluster: local"
             ) from None
-        if cuda_device_count() == 0:
+        n_gpus = cuda_device_count()
+        if n_gpus == 0:
             raise BackendUnavailableError(
                 "runtime.cluster: local-cuda but no CUDA device is visible; use cluster: local"
+            )
+        if cfg.n_workers is not None and cfg.n_workers > n_gpus:  # dask-cuda: "Can not scale beyond visible devices"
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+            raise JobConfigError(
+                f"runtime.n_workers: {cfg.n_workers} workers, but local-cuda runs one worker per GPU and {n_gpus} "
+                f"GPU(s) are visible{where}; set runtime.n_workers to at most {n_gpus}, or leave it out for one per GPU"
             )
     if cfg.cluster == "scheduler" and cfg.scheduler_file is not None and not cfg.scheduler_file.is_file():
         raise BackendUnavailableError(f"runtime.scheduler_file: no such file: {cfg.scheduler_file}")

@@ -458,3 +458,30 @@ def test_auto_shard_size_is_the_default_and_a_bad_one_is_one_line(tmp_path, caps
         assert main([str(_job_file(tmp_path, job)), "--check", "--set", f"extract.shard_size={bad}"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "extract.shard_size" in err, err
+
+
+@pytest.mark.parametrize("stages", [None, "heads"])
+def test_more_local_cuda_workers_than_gpus_is_refused_in_preflight(
+    tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data, stages
+):
+    """dask-cuda cannot start more workers than visible GPUs ("Can not scale beyond visible devices": exit 1 and
+    a traceback, issue 35): preflight refuses it in one line naming both numbers, for any stage that starts the
+    workers (a heads-only run too), before anything is written."""
+    import types
+
+    from rapids_attn import runtime
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(runtime, "cuda_device_count", lambda: 1)
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.ModuleType("dask_cuda"))  # importable, never started
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    job = make_job(
+        tmp_path, tiny_bert_dir, pair_data, heads={"enabled": True, "metric": "retrieval", "probing": {"top_k": 2}}
+    )
+    job["runtime"] = {"cluster": "local-cuda", "n_workers": 2, "learn_backend": "cpu", "dashboard_address": ":0"}
+    argv = [str(_job_file(tmp_path, job)), "--check", *(["--stages", stages] if stages else [])]
+    err = _one_line_exit_2(argv, capsys, "runtime.n_workers: 2 workers")
+    assert "1 GPU(s) are visible (CUDA_VISIBLE_DEVICES=0)" in err and "at most 1" in err
+    assert not (tmp_path / "run").exists()
+    job["runtime"]["n_workers"] = 1
+    assert main([str(_job_file(tmp_path, job)), "--check"]) == 0
