@@ -12,8 +12,9 @@ themselves:
 - **learn**: cuML on CuPy arrays or scikit-learn on NumPy arrays (:class:`LearnBackend`), and
   whether the fit is spread over several GPU workers (``cuml.dask``).
 
-The rules live here once: ``int8`` embedding runs on the CPU only; ``auto`` precision and dtype
-mean float16 on a GPU and float32 on the CPU; ``learn_backend: auto`` means cuML when it is
+The rules live here once: ``int8`` embedding runs on the CPU only; ``auto`` precision means float16 on a
+GPU and float32 on the CPU; ``model.dtype: auto`` follows the checkpoint on a GPU (:func:`auto_model_dtype`)
+and is float32 on the CPU; ``learn_backend: auto`` means cuML when it is
 importable and a GPU is visible. Nothing here imports cupy, cuml or dask_cuda unless a GPU backend
 is chosen.
 """
@@ -50,6 +51,48 @@ def missing_cuda_device(index: int | None) -> str | None:
     return None
 
 
+def bf16_supported() -> bool:
+    """Whether this process's GPU runs bfloat16 natively (compute capability 8.0 and up: Ampere and later). Older
+    GPUs emulate it, more slowly than float32, so they count as not supporting it. False without CUDA."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # a torch without the argument: it does not count emulation either
+            return bool(torch.cuda.is_bf16_supported())
+    except Exception:  # noqa: BLE001 - a GPU that cannot answer gets float32, which is always right
+        return False
+
+
+#: ``model.dtype: auto`` on a GPU for a checkpoint saved in float32 or naming no dtype: half precision, as before the
+#: checkpoint's own dtype was read: a job on such a checkpoint computes what it did
+GPU_DEFAULT_DTYPE = "float16"
+
+
+def auto_model_dtype(checkpoint: str | None, gpu: bool, bf16: bool) -> str:
+    """``model.dtype: auto`` for a checkpoint whose config names ``checkpoint`` (its ``dtype``, formerly
+    ``torch_dtype``: float32, float16, bfloat16, or None), on a GPU (``gpu``) that does or does not run bfloat16
+    natively (``bf16``, :func:`bf16_supported`). A pure function: the table is tested without a GPU.
+
+    - On the CPU: float32, whatever the checkpoint (half precision on the CPU is slow and gains nothing).
+    - A bfloat16 checkpoint: bfloat16 where the GPU supports it, else float32. Never float16: weights trained in
+      bfloat16 can reach activations past float16's largest value, 65504 (Gemma 2 and 3 do), and the maps are NaN.
+    - A float16 checkpoint: float16.
+    - A float32 checkpoint, or one naming no dtype: :data:`GPU_DEFAULT_DTYPE` (float16), as before, so those jobs
+      compute what they did; the capture refuses a batch whose maps overflow it (set model.dtype then).
+    """
+    if not gpu:
+        return "float32"
+    if checkpoint == "bfloat16":
+        return "bfloat16" if bf16 else "float32"
+    if checkpoint == "float16":
+        return "float16"
+    return GPU_DEFAULT_DTYPE
+
+
 def _cuml_available() -> bool:
     return importlib.util.find_spec("cuml") is not None and importlib.util.find_spec("cupy") is not None
 
@@ -67,13 +110,15 @@ class ExtractDevices:
     """Where a worker runs the model and the embedder. Small and picklable: it travels with each task."""
 
     device: Literal["cpu", "cuda", "worker"]
-    #: model.dtype as set: ``auto`` is float16 on a GPU, float32 on the CPU
+    #: model.dtype as set: ``auto`` follows the checkpoint on a GPU (:func:`auto_model_dtype`), float32 on the CPU
     model_dtype: str = "auto"
     #: embed.precision as set: ``auto`` (float16 on a GPU, float32 on the CPU), ``float32`` or ``int8``
     embed_precision: str = "auto"
 
-    def on_this_worker(self) -> ResolvedDevices:
-        """The concrete device (``cpu`` or ``cuda:N``) and dtypes for the process that calls it."""
+    def on_this_worker(self, checkpoint_dtype: str | None = None) -> ResolvedDevices:
+        """The concrete device (``cpu`` or ``cuda:N``) and dtypes for the process that calls it; ``checkpoint_dtype``
+        (the dtype the model's config names, :func:`rapids_attn.extract.model.checkpoint_dtype`) decides
+        ``model.dtype: auto`` on a GPU."""
         gpu = self.device != "cpu" and cuda_device_count() > 0
         if self.device == "cuda" and not gpu:
             raise BackendUnavailableError("extract.device: cuda, but this worker sees no CUDA device; use auto or cpu")
@@ -84,7 +129,9 @@ class ExtractDevices:
             import torch
 
             dev = f"cuda:{torch.cuda.current_device()}"
-        model_dtype = ("float16" if gpu else "float32") if self.model_dtype == "auto" else self.model_dtype
+        model_dtype = self.model_dtype
+        if model_dtype == "auto":
+            model_dtype = auto_model_dtype(checkpoint_dtype, gpu, gpu and bf16_supported())
         precision = self.embed_precision
         if precision == "auto":
             precision = "float16" if gpu else "float32"

@@ -199,6 +199,10 @@ class ModelConfig(Section):
     #: a local folder, a HuggingFace hub id, or a built-in preset name (``minilm-l6``).
     name: str
     revision: str | None = None
+    #: the dtype the model runs in. ``auto``: float32 on the CPU; on a GPU the checkpoint's own (its config's dtype):
+    #: bfloat16 where the GPU runs it natively, else float32; float16 for float16; float16 for a float32 checkpoint
+    #: or one naming none (rapids_attn.devices.auto_model_dtype, resolved on each worker). The extraction key holds
+    #: the setting as written, so stores made before auto read the checkpoint keep their keys.
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = False
     #: longest input in tokens; default: the model's own limit (capped at 1024 by the eager capture only).

@@ -205,6 +205,26 @@ def _load_config(cfg):
         ) from None
 
 
+#: the dtypes a checkpoint's config may name that ``model.dtype: auto`` reads (rapids_attn.devices.auto_model_dtype)
+CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def dtype_name(value) -> str | None:
+    """A config's ``dtype`` (a torch dtype, or its name as config.json writes it, with or without ``torch.``) as a
+    name of :data:`CHECKPOINT_DTYPES`; None for anything else (absent, ``auto``, float64 ...)."""
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.")
+    return name if name in CHECKPOINT_DTYPES else None
+
+
+def checkpoint_dtype(cfg) -> str | None:
+    """The dtype the model's config says its weights were saved in (``dtype``; transformers reads an older config's
+    ``torch_dtype`` into it), or None where it names none: what ``model.dtype: auto`` follows on a GPU."""
+    _, config = _load_config(cfg)
+    return dtype_name(getattr(config, "dtype", None))
+
+
 def _check_windows(tok, cfg, max_length: int) -> None:
     """model.window_overlap must leave a stride: fewer than a window's content tokens (max_length less the
     special tokens every window repeats)."""

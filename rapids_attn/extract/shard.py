@@ -97,6 +97,7 @@ class ShardResult:
     worker: str
     seconds: dict[str, float] = field(default_factory=dict)
     causal: bool | None = None  # the model's attention, as the worker's probe found it
+    dtype: str = ""  # the dtype the worker ran the model in (model.dtype, auto resolved there)
 
 
 def check_tokens(examples: list[Example], lengths: list[int]) -> None:
@@ -119,13 +120,16 @@ class Extractor:
 
     def __init__(self, task: ShardTask):
         from rapids_attn.embed import build_embedder
-        from rapids_attn.extract.model import load_model, load_tokenizer
+        from rapids_attn.extract.model import checkpoint_dtype, load_model, load_tokenizer
 
         self.extract_cfg = task.extract
         self.layout = task.layout
         self.max_length = task.max_length
-        dev = task.devices.on_this_worker()
+        # model.dtype: auto follows the checkpoint's own dtype on a GPU (rapids_attn.devices.auto_model_dtype)
+        saved = checkpoint_dtype(task.model) if task.devices.model_dtype == "auto" else None
+        dev = task.devices.on_this_worker(saved)
         self.device = dev.device
+        self.model_dtype = dev.model_dtype
         self.tokenizer = load_tokenizer(task.model)
         ecfg = task.extract
         self.model = load_model(task.model, self.device, dev.model_dtype, ecfg.attention, ecfg.attention_base)
@@ -312,6 +316,7 @@ class Extractor:
             worker=f"{os.uname().nodename}:{os.getpid()}",
             seconds=seconds,
             causal=self.causal,
+            dtype=self.model_dtype,
         )
 
 

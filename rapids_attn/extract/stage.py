@@ -212,6 +212,8 @@ class ExtractStage(Stage):
             # decoder attention (explain's sink score leaves out the first row, which sees the first token alone)
             "causal": all(bool(r.causal) for r in results) if results else None,
             "devices": sorted({r.device for r in results}),
+            # the dtype the model ran in (model.dtype: auto resolved on each worker from the checkpoint and its GPU)
+            "model_dtypes": sorted({r.dtype for r in results if r.dtype}),
             "workers": sorted({r.worker for r in results}),
             "worker_seconds": {
                 k: round(sum(r.seconds.get(k, 0.0) for r in results), 3)

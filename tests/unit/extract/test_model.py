@@ -304,3 +304,50 @@ def test_model_class_reads_a_tuple_entry_and_leaves_remote_code_to_automodel():
     remote = T5Config(auto_map={"AutoModel": "modeling_mine.MyT5"})  # a remote model whose config is named T5Config
     assert model_class(remote, "r") is AutoModel
     assert model_class(T5Config(), "t").__name__ == "T5EncoderModel"
+
+
+def test_checkpoint_dtype_is_what_the_config_names(tmp_path, tiny_bert_dir, monkeypatch):
+    """model.dtype: auto reads the checkpoint's dtype from its config (``dtype``, or an older config's
+    ``torch_dtype``), and the extractor hands it to the device plan, which resolves auto on the worker."""
+    import json
+
+    from rapids_attn.devices import ExtractDevices
+    from rapids_attn.extract.model import checkpoint_dtype, dtype_name
+
+    assert [dtype_name(x) for x in (torch.bfloat16, "torch.float16", "float32", "auto", None, "float64")] == [
+        "bfloat16",
+        "float16",
+        "float32",
+        None,
+        None,
+        None,
+    ]
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_bert_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    got = {}
+    for key, value, want in [("dtype", "bfloat16", "bfloat16"), ("torch_dtype", "float16", "float16"), (None, 0, None)]:
+        config.pop("dtype", None)
+        config.pop("torch_dtype", None)
+        if key:
+            config[key] = value
+        (folder / "config.json").write_text(json.dumps(config))
+        got[key] = checkpoint_dtype(ModelConfig(name=str(folder)))
+        assert got[key] == want, key
+    # the extractor asks the plan with the checkpoint's dtype (on this CPU machine: float32 all the same)
+    seen = []
+    real = ExtractDevices.on_this_worker
+    monkeypatch.setattr(ExtractDevices, "on_this_worker", lambda self, c=None: seen.append(c) or real(self, c))
+    config["dtype"] = "bfloat16"
+    (folder / "config.json").write_text(json.dumps(config))
+    from helpers import make_job, pair_rows, write_jsonl
+
+    from rapids_attn.extract.shard import Extractor, ShardTask
+    from rapids_attn.job import load_job
+    from rapids_attn.pipeline import preflight
+
+    data = write_jsonl(tmp_path / "d.jsonl", pair_rows(4))
+    cfg = load_job(None, raw=make_job(tmp_path, folder, data))
+    ctx = preflight(cfg, ("extract",)).ctx
+    ex = Extractor(ShardTask.from_job(cfg, ctx.layout, ctx.model.max_length))
+    assert seen[-1] == "bfloat16" and ex.model_dtype == "float32" and ex.model.dtype == torch.float32
