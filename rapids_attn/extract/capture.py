@@ -48,7 +48,34 @@ def attention_modules(model) -> tuple[list[torch.nn.Module], int] | None:
     return (mods, index) if mods else None
 
 
-def check_probe_map(model, layer: int, w: torch.Tensor, n: int) -> None:
+def dtype_of(model, fallback: torch.dtype | None = None) -> str:
+    """The name of the dtype ``model`` runs in (``float16`` ...), or of ``fallback`` for a module without one."""
+    dt = getattr(model, "dtype", None)
+    dt = dt if isinstance(dt, torch.dtype) else fallback
+    return str(dt).removeprefix("torch.") if dt is not None else "its dtype"
+
+
+def not_finite(model_name: str, layer: int, dtype: str, what: str = "") -> ModelError:
+    """The one-line refusal of attention maps that are not finite (NaN or inf), naming the layer where they start and
+    the dtype the model ran in. In half precision the model overflowed (activations past float16's 65504 give inf
+    scores, then NaN weights): a wider dtype is the fix. In float32 the checkpoint itself is at fault. ``what``
+    says which input (e.g. "for example 'q1'")."""
+    where = f"layer {layer} of '{model_name}' gives attention maps that are not finite (NaN or inf) in {dtype}"
+    where += f" {what}" if what else ""
+    if dtype == "float16":
+        return ModelError(
+            f"model.dtype: {where}: the model overflows float16; set model.dtype: float32, or bfloat16 on a GPU "
+            "that supports it (Ampere or later)"
+        )
+    if dtype == "bfloat16":
+        return ModelError(f"model.dtype: {where}: the model overflows bfloat16; set model.dtype: float32")
+    return ModelError(
+        f"model.name: {where}: its weights or activations are not finite even in float32; check the checkpoint "
+        "(a damaged or wrongly converted file)"
+    )
+
+
+def check_probe_map(model, layer: int, w: torch.Tensor, n: int, model_name: str | None = None) -> None:
     """A probe's attention weights (one unpadded input of ``n`` tokens) must be a map of probabilities: [1, head,
     n, n], finite, non-negative, each row's sum at most 1 (below it only where a learned sink takes a share, as
     gpt-oss's) and above 0. Refused in one line otherwise: a local-attention band (Longformer, LED, LongT5), scores
@@ -62,14 +89,11 @@ def check_probe_map(model, layer: int, w: torch.Tensor, n: int) -> None:
         )
     # float32 sums to 1 within 1e-6; half precision (a GPU's model dtype) within a few of its eps
     tol = 1e-3 if w.dtype in (torch.float32, torch.float64) else 16 * torch.finfo(w.dtype).eps
+    if not bool(torch.isfinite(w).all()):  # an overflow (half precision): the dtype is at fault, not the model
+        raise not_finite(model_name or name, layer, dtype_of(model, w.dtype), f"for the {n}-token probe")
     w = w.float()
     sums = w.sum(-1)
-    if (
-        not bool(torch.isfinite(w).all())
-        or float(w.min()) < -1e-6
-        or float(sums.max()) > 1 + tol
-        or float(sums.min()) <= 0
-    ):
+    if float(w.min()) < -1e-6 or float(sums.max()) > 1 + tol or float(sums.min()) <= 0:
         raise ModelError(
             f"model.name: layer {layer} of {name} returns attention weights that are not probabilities (rows sum "
             f"to {float(sums.min()):.3g} .. {float(sums.max()):.3g}, least weight {float(w.min()):.3g}); rapids_attn "

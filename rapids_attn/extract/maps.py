@@ -29,6 +29,23 @@ STAT_NAMES = (
     "max",  # row maximum
 )
 
+#: The statistics every map has, whatever its length (the others are NaN where undefined: n = 1, no target). A map
+#: with a NaN or inf weight on a real row has a NaN or inf entropy (a sum over every key of the row), so these say,
+#: on the host, whether a batch's maps were finite (:func:`first_not_finite`), with no work on the device.
+ALWAYS_DEFINED = ("entropy", "first", "self", "distance", "max")
+
+
+def first_not_finite(stats: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """A batch's statistics [example, layer, head, stat] (as copied to the host) -> the first layer position whose
+    maps are not finite, with the examples (batch positions) where; None when every map is finite."""
+    cols = [STAT_NAMES.index(name) for name in ALWAYS_DEFINED]
+    bad = ~np.isfinite(stats[..., cols]).all(-1)  # [example, layer, head]
+    if not bad.any():
+        return None
+    pos = int(np.argmax(bad.any(axis=(0, 2))))
+    return pos, np.flatnonzero(bad[:, pos].any(-1))
+
+
 #: Head detectors of TransformerLens (``transformer_lens.head_detector``), computed per map from the token
 #: ids. The first three are TransformerLens's own score, under its names: the attention mass on the
 #: pattern's positions divided by the map's whole mass (``error_measure="mul"``, nothing excluded), so

@@ -23,13 +23,14 @@ from rapids_attn.data.example import Example
 from rapids_attn.data.index import Rows
 from rapids_attn.devices import ExtractDevices, empty_device_cache
 from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
-from rapids_attn.extract.capture import AttentionCapture, check_probe_map
+from rapids_attn.extract.capture import AttentionCapture, check_probe_map, not_finite
 from rapids_attn.extract.maps import (
     DETECTOR_NAMES,
     PROFILE_OFFSETS,
     STAT_NAMES,
     LayerReducer,
     TokenMasks,
+    first_not_finite,
     punctuation_ids,
     separator_ids,
 )
@@ -125,6 +126,7 @@ class Extractor:
         self.extract_cfg = task.extract
         self.layout = task.layout
         self.max_length = task.max_length
+        self.model_name = task.model.name
         # model.dtype: auto follows the checkpoint's own dtype on a GPU (rapids_attn.devices.auto_model_dtype)
         saved = checkpoint_dtype(task.model) if task.devices.model_dtype == "auto" else None
         dev = task.devices.on_this_worker(saved)
@@ -151,7 +153,7 @@ class Extractor:
         upper: list[float] = []
 
         def look(layer, w):
-            check_probe_map(self.model, layer, w, ids.shape[1])
+            check_probe_map(self.model, layer, w, ids.shape[1], self.model_name)
             upper.append(float(torch.triu(w.float(), diagonal=1).sum()))
 
         self.capture.run({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, look)
@@ -272,7 +274,9 @@ class Extractor:
             feats[idx] = f.reshape(len(idx), nl, nh, -1).cpu().numpy().astype(self.layout.features_dtype)
             for name, value in more.items():
                 extra[name][idx] = value.reshape(len(idx), nl, nh).cpu().numpy().astype(extra[name].dtype)
-            stats[idx] = out[S.STATS].cpu().numpy()
+            host_stats = out[S.STATS].cpu().numpy()
+            self._check_finite(host_stats, idx, examples)  # on the host copy: no work or wait on the device
+            stats[idx] = host_stats
             profile[idx] = out[S.PROFILE].cpu().numpy()
             detectors[idx] = out[S.DETECTORS].cpu().numpy()
             if thumbs is not None:
@@ -318,6 +322,19 @@ class Extractor:
             causal=self.causal,
             dtype=self.model_dtype,
         )
+
+    def _check_finite(self, stats: np.ndarray, idx: list[int], examples: list[Example]) -> None:
+        """Refuse, in one line naming the layer and the dtype, a batch whose maps are not finite (a model that
+        overflows half precision): read off the statistics the batch already copied to the host
+        (:func:`rapids_attn.extract.maps.first_not_finite`), so the capture adds no operation or sync on the
+        device. Raised before the shard is written: nothing of it is stored."""
+        bad = first_not_finite(stats)
+        if bad is None:
+            return
+        pos, rows = bad
+        more = f" (and {len(rows) - 1} more of its batch)" if len(rows) > 1 else ""
+        what = f"for example {examples[idx[int(rows[0])]].id!r}{more}"
+        raise not_finite(self.model_name, self.layout.layers[pos], self.model_dtype, what)
 
 
 _CACHE: dict[str, Extractor] = {}

@@ -182,7 +182,7 @@ def test_the_probe_check_takes_sinks_and_half_precision_and_refuses_what_is_not_
         (p[:, :, None], "shape 1x2x1x5x5"),
         (p * 1.01, "not probabilities"),
         (p - 0.05, "not probabilities"),
-        (p * float("nan"), "not probabilities"),
+        (p * float("nan"), r"not finite \(NaN or inf\) in float32"),  # issue 35: the dtype's words
         (torch.zeros_like(p), "not probabilities"),
     ]:
         with pytest.raises(ModelError, match=what):
