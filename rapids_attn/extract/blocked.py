@@ -155,15 +155,23 @@ def _mask_rows(scores, mask, r0: int, q_len: int, kv_len: int, causal: bool, sli
     """Mask query rows r0.. of ``scores`` [batch, head, rows, kv_len] in place (MASKED), from whatever the base's
     mask function returned: a boolean or additive 4-D mask, a 2-D padding mask (FlashAttention's), or None (the
     base relies on ``is_causal`` and, for a sliding window, on the window). Returns the hidden keys as a boolean
-    tensor that broadcasts against ``scores``, or None when every row sees every key."""
+    tensor that broadcasts against ``scores``, or None when every row sees every key. An additive mask hides a key
+    with -inf or its dtype's least value (``torch.finfo(dtype).min``: the eager mask of a float16 or bfloat16
+    model is in the model's dtype); a value at or below it is a hidden key, whose weight is exactly 0."""
     r1, dev = r0 + scores.shape[2], scores.device
     if mask is not None and mask.dim() == 4:
         m = mask[:, :, r0:r1, :kv_len].to(dev)
         if m.dtype == torch.bool:
             scores.masked_fill_(~m, MASKED)
             return ~m
-        scores.add_(m.float()).clamp_(min=MASKED)
-        return scores <= MASKED / 2
+        if not m.is_floating_point():
+            scores.add_(m.float()).clamp_(min=MASKED)
+            return scores <= MASKED / 2
+        # the mask's own "minus infinity": its dtype's least value or -inf; float16's, -65504, added to a score is
+        # far above MASKED, so it is read from the mask, not from the sum
+        hidden = m <= torch.finfo(m.dtype).min
+        scores.add_(m.float()).masked_fill_(hidden, MASKED).clamp_(min=MASKED)
+        return hidden | (scores <= MASKED / 2)
     hide = _position_hide(mask, r0, r1 - r0, kv_len - q_len, kv_len, causal, sliding_window, dev)
     if hide is not None:
         scores.masked_fill_(hide, MASKED)

@@ -433,3 +433,39 @@ def test_one_scores_buffer_serves_every_block_of_a_forward(monkeypatch):
     assert pools[0]._buf is None  # released when the forward ends
     ref = _reduce(eager, batch, lengths, [0, 1, 2, 3], True, 1 << 26)
     torch.testing.assert_close(got.stats, ref.stats, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_half_precision_additive_mask_hides_its_keys(dtype):
+    """An additive mask hides a key with its dtype's least value: float16's is -65504, which added to a score stays far
+    above the blocked path's MASKED; any value at or below it (or -inf) is a hidden key all the same, weighing 0."""
+    from rapids_attn.extract.blocked import MASKED, _mask_rows
+
+    least = torch.finfo(dtype).min
+    mask = torch.zeros(2, 1, 3, 5, dtype=dtype)
+    mask[0, :, :, 3:] = least
+    mask[1, :, 1, 0] = float("-inf")
+    mask[1, :, 2, 4] = -0.5  # a bias, not a hidden key
+    scores = torch.randn(2, 4, 3, 5) * 10
+    before = scores.clone()
+    hide = _mask_rows(scores, mask, 0, 3, 5, False, None)
+    want = (mask <= least).expand(-1, 4, -1, -1)
+    assert torch.equal(hide.expand(2, 4, 3, 5), want)
+    assert bool((scores[want] == MASKED).all())
+    torch.testing.assert_close(scores[~want], (before + mask.float())[~want])
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_blocked_on_a_float16_models_eager_mask_gives_its_padding_no_weight(kind):
+    """The eager base's mask of a float16 model is float16 (finfo(float16).min where a key is hidden): the padded
+    keys of a short example weigh exactly 0 in the blocked path's maps, as in the model's own softmax."""
+    eager, _, _, cfg = _models(kind)
+    half = type(eager)._from_config(copy.deepcopy(cfg), attn_implementation=register("eager")).eval()
+    half.load_state_dict(eager.state_dict())
+    half = half.to(torch.float16)
+    batch = _batch([9, 5])
+    seen = []
+    AttentionCapture(half, 2).run(batch, lambda layer, w: seen.append(w))
+    for w in seen:
+        assert float(w[1, :, :5, 5:].abs().max()) == 0.0  # the short example's rows: nothing on its padding
+        torch.testing.assert_close(w[1, :, :5, :5].sum(-1), torch.ones(4, 5), rtol=0, atol=1e-3)
