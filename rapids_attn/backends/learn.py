@@ -22,6 +22,16 @@ from rapids_attn.errors import BackendUnavailableError
 KMEANS_N_INIT = 10
 
 
+def gpu_read(array, sl) -> Any:
+    """A basic selection ``sl`` of the zarr array ``array`` in GPU memory (a CuPy array): zarr's GPU buffer
+    prototype is handed to this one read. ``zarr.config.enable_gpu()`` would switch the whole process's zarr
+    configuration while it holds, so a thread beside it (a shard's write, another stage's CPU read, a worker's
+    other task) would get GPU buffers too; the configuration is left as it was."""
+    from zarr.core.buffer.gpu import buffer_prototype
+
+    return array.get_basic_selection(sl, prototype=buffer_prototype)
+
+
 def _xp_for(name: str):
     if name == "cuml":
         import cupy
@@ -52,17 +62,13 @@ class LearnBackend:
     def read(self, array, sl) -> Any:
         """Read a block of a zarr array as float32 on the backend's device.
 
-        On the GPU the block is read in zarr's GPU mode (``zarr.config.enable_gpu()``) and arrives
-        as a CuPy array. zarr decodes the chunks (zstd) on the host and copies the bytes to the
-        device: no zarr release decodes zstd on the GPU.
+        On the GPU the block arrives as a CuPy array (:func:`gpu_read`: zarr's GPU buffers for this read only).
+        zarr decodes the chunks (zstd) on the host and copies the bytes to the device: no zarr release decodes
+        zstd on the GPU.
         """
         if not self.gpu:
             return np.asarray(array[sl], dtype=np.float32)
-        import zarr
-
-        with zarr.config.enable_gpu():
-            gpu_array = zarr.open_array(array.store, path=array.path, mode="r")
-            return self.xp.asarray(gpu_array[sl], dtype=self.xp.float32)
+        return self.xp.asarray(gpu_read(array, sl), dtype=self.xp.float32)
 
     def asarray(self, x) -> Any:
         return self.xp.asarray(x, dtype=self.xp.float32)
