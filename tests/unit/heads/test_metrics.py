@@ -213,6 +213,32 @@ def test_causal_lm_loss_equals_the_models_own(tiny_gpt2_dir):
     assert summary["loss"] == pytest.approx(scores["loss"].mean())
 
 
+def test_the_lm_metric_copies_no_logits_to_the_host(tiny_gpt2_dir, monkeypatch):
+    """The loss runs where the logits are (issue 34's a2a82f3, checked for issue 35): a batch's [B, T, vocab] logits
+    never go to the host; only the per-example sums and counts come back, in one copy each per call however many
+    batches it ran."""
+    tok = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    tok.pad_token = tok.eos_token
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=2)).eval()
+    copied = []
+    for name in ("cpu", "numpy", "tolist"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _real=real, _n=name, **k: copied.append((_n, tuple(self.shape))) or _real(self, *a, **k),
+        )
+    batches = []
+    real_batches = M._batches
+    monkeypatch.setattr(M, "_batches", lambda *a, **k: (batches.append(b) or b for b in real_batches(*a, **k)))
+    examples = [Example(f"e{i}", t) for i, t in enumerate(TEXTS)]
+    M.metric_for("lm").partials(model, tok, examples, "cpu", max_length=64, token_budget=40)
+    assert len(batches) > 1
+    assert not [c for c in copied if c[1] and c[1][-1] == len(tok)], copied  # no logits
+    assert sorted(name for name, _ in copied) == ["cpu", "cpu", "numpy", "numpy"], copied
+
+
 def test_masked_lm_masks_by_example_id(tok):
     model = tiny(BertForMaskedLM, tok)
     metric = M.metric_for("lm")
