@@ -678,11 +678,10 @@ class _SpreadFit:
         self.model = model
 
     def _gather(self, x, rows: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``rows`` (all: None) of a spread dask array, gathered here as one NumPy array."""
-        if rows is not None:
-            x = x[rows]
-        meta = np.empty((0,) * x.ndim, dtype=x.dtype)
-        return np.asarray(x.map_blocks(self.backend.to_numpy, dtype=x.dtype, meta=meta).compute())
+        """Rows ``rows`` (all: None) of a spread dask array, gathered here as one NumPy array. Each block is
+        made a NumPy array on its worker first, and the rows picked there: only they travel."""
+        x = x.map_blocks(self.backend.to_numpy, dtype=x.dtype, meta=np.empty((0,) * x.ndim, dtype=x.dtype))
+        return np.asarray((x if rows is None else x[rows]).compute())
 
     def sweep(self, cluster) -> dict:
         """The k sweep of the single-process fit, on one GPU worker: the sweep's seeded sample of the reduced
