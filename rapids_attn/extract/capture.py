@@ -55,6 +55,10 @@ def dtype_of(model, fallback: torch.dtype | None = None) -> str:
     return str(dt).removeprefix("torch.") if dt is not None else "its dtype"
 
 
+#: a changed model.dtype changes the store's key: the store of the refused run is another job's to the next one
+_NEW_STORE = "and rerun with --overwrite (or another output.dir)"
+
+
 def not_finite(model_name: str, layer: int, dtype: str, what: str = "") -> ModelError:
     """The one-line refusal of attention maps that are not finite (NaN or inf), naming the layer where they start and
     the dtype the model ran in. In half precision the model overflowed (activations past float16's 65504 give inf
@@ -65,10 +69,10 @@ def not_finite(model_name: str, layer: int, dtype: str, what: str = "") -> Model
     if dtype == "float16":
         return ModelError(
             f"model.dtype: {where}: the model overflows float16; set model.dtype: float32, or bfloat16 on a GPU "
-            "that supports it (Ampere or later)"
+            f"that supports it (Ampere or later), {_NEW_STORE}"
         )
     if dtype == "bfloat16":
-        return ModelError(f"model.dtype: {where}: the model overflows bfloat16; set model.dtype: float32")
+        return ModelError(f"model.dtype: {where}: the model overflows bfloat16; set model.dtype: float32, {_NEW_STORE}")
     return ModelError(
         f"model.name: {where}: its weights or activations are not finite even in float32; check the checkpoint "
         "(a damaged or wrongly converted file)"
