@@ -2,11 +2,14 @@
 # The contract tier: every GPU call the project makes (cuML estimators, cuml.dask, dask-cuda's
 # LocalCUDACluster, RMM's allocator hooks, zarr's GPU mode), checked against the real RAPIDS wheels
 # of the release docker/Dockerfile uses, on a machine without a GPU: the wheels import, signatures
-# bind and estimators construct there; only fitting needs a GPU.
+# bind and estimators construct there; only fitting needs a GPU. In the same venv, a resolver dry run
+# of the documented GPU install (`pip install -e '.[gpu]'`: torch, CuPy and RAPIDS, all CUDA 13) against
+# the public index alone must succeed with one CUDA major (tests/contract/test_gpu_install.py, about a
+# minute). It needs the index: where it cannot be reached the tier fails, saying so; on a machine that
+# is offline on purpose, RAPIDS_CONTRACT_OFFLINE=1 skips that one test (shown as skipped, with why).
 #
-# Its own virtualenv: the RAPIDS wheels (CUDA 12) cannot share one with PyPI's torch (CUDA 13). About
-# 3.7 GB of wheels (6.8 GB installed), so it is built once per key and reused while the key is
-# unchanged: the key hashes
+# Its own virtualenv, without torch (tests/contract/requirements.py says why). About 5 GB installed,
+# so it is built once per key and reused while the key is unchanged: the key hashes
 # the requirement list tests/contract/requirements.py prints, the Python that builds it and the
 # install recipe below (build_venv). It lives outside the checkout, in
 #   ${RAPIDS_ATTN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rapids_attn}/contract-venv-<key>
@@ -30,9 +33,11 @@ mkdir -p "$cache"
 mapfile -t reqs < <(python3 tests/contract/requirements.py)
 ((${#reqs[@]})) || { echo "contract tier: tests/contract/requirements.py printed no requirements" >&2; exit 1; }
 
-# the install recipe: part of the key, so a change here rebuilds the venv
+# the install recipe: part of the key, so a change here rebuilds the venv. pip first: the resolver
+# dry run needs pip 23.3 or newer (older ones fail to resolve torch's cuda-toolkit extras with cuML's)
 build_venv() {
     python3 -m venv --clear "$1"
+    "$1/bin/python" -m pip install -q --upgrade "pip>=23.3"
     "$1/bin/python" -m pip install -q "${@:2}"
 }
 
@@ -73,6 +78,8 @@ try:
             sys.exit(f"contract tier: {req.name} {version} does not satisfy {line}")
     for module in ("cuml", "cuml.dask", "dask_cuda", "rmm", "cupy", "pytest"):
         importlib.import_module(module)
+    if not Requirement("pip>=23.3").specifier.contains(md.version("pip")):  # the resolver dry run's
+        sys.exit(f"contract tier: pip {md.version('pip')} is older than 23.3")
 except Exception as e:  # a missing distribution, a module that no longer imports
     sys.exit(f"contract tier: the venv fails its check: {e!r}")
 EOF
