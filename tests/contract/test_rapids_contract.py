@@ -134,12 +134,14 @@ def test_multi_gpu_estimators_construct_and_their_arguments_reach_cuml(client):
 
 
 def test_only_fits_with_a_cuml_dask_form_are_spread(client, monkeypatch):
-    """n_clusters: auto (cuml.dask's KMeans has no k sweep: it would reject it at fit time), DBSCAN,
-    HDBSCAN and UMAP fit on one GPU; the project refuses a non-integer k before any KMeans is built."""
+    """KMeans on the PCA output is spread, its k fixed or picked by the k sweep (n_clusters: auto: the sweep
+    runs on one GPU worker over its sample, then cuml.dask fits the k it picked); DBSCAN, HDBSCAN and UMAP
+    fit on one GPU. cuml.dask's KMeans itself takes no sweep: the project refuses a non-integer k before
+    any KMeans is built."""
     for method in METHODS:
         for umap in (False, True):
             reduce, cluster = sections(method, umap)
-            assert supports_multi_gpu(reduce, cluster) == (method == "kmeans" and not umap)
+            assert supports_multi_gpu(reduce, cluster) == (cluster.method == "kmeans" and not umap)
     with pytest.raises(TypeError):
         GPU.dask_kmeans(client, "auto", 0)
     # the device plan, on a machine that (as stubbed) has two GPUs and cuML
@@ -153,9 +155,10 @@ def test_only_fits_with_a_cuml_dask_form_are_spread(client, monkeypatch):
             ExtractConfig(), ModelConfig(name="m"), EmbedConfig(), cuda, ("learn",), reduce, cluster
         )
 
-    assert plan("kmeans").learn.name == "cuml" and plan("kmeans").multi_gpu_learn is True
-    assert plan("kmeans", umap=True).multi_gpu_learn is False
-    for method in ("kmeans-auto", "dbscan", "hdbscan"):
+    for method in ("kmeans", "kmeans-auto"):
+        assert plan(method).learn.name == "cuml" and plan(method).multi_gpu_learn is True, method
+        assert plan(method, umap=True).multi_gpu_learn is False, method
+    for method in ("dbscan", "hdbscan"):
         assert plan(method).multi_gpu_learn is False, method
 
 
