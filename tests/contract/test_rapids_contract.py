@@ -219,14 +219,28 @@ def test_local_cluster_arguments_bind():
     inspect.signature(LocalCluster).bind(**local_cluster_args(RuntimeConfig(), 2))
 
 
-def test_zarr_gpu_mode_is_configured_as_the_backend_reads():
-    """LearnBackend.read opens the features in zarr's GPU mode: the buffer classes it selects must
-    resolve (to zarr's CuPy-backed buffers) in the zarr this project installs."""
+def test_zarr_gpu_reads_bind_as_the_backend_reads():
+    """LearnBackend.read hands zarr's GPU buffer prototype to the one read (``backends.learn.gpu_read``), leaving
+    the process's zarr configuration alone (issue 35): the prototype must resolve to zarr's CuPy-backed buffers
+    in the zarr this project installs, and the read must take it."""
     import zarr
-    from zarr.registry import get_buffer_class, get_ndbuffer_class
+    from zarr.core.buffer.gpu import buffer_prototype
 
-    with zarr.config.enable_gpu():
-        buffer, ndbuffer = get_buffer_class(), get_ndbuffer_class()
-    assert buffer.__module__.endswith("buffer.gpu") and ndbuffer.__module__.endswith("buffer.gpu")
-    assert buffer.__name__ == "Buffer" and ndbuffer.__name__ == "NDBuffer"
+    assert buffer_prototype.buffer.__module__.endswith("buffer.gpu")
+    assert buffer_prototype.buffer.__name__ == "Buffer" and buffer_prototype.nd_buffer.__name__ == "NDBuffer"
+    inspect.signature(zarr.Array.get_basic_selection).bind(None, slice(0, 1), prototype=buffer_prototype)
     inspect.signature(zarr.open_array).bind(store=None, path="features", mode="r")
+
+
+def test_the_spread_fit_calls_bind_to_cuml_dask():
+    """What the spread fit calls on cuml.dask's estimators beyond fit (issue 35: its stability refits read each
+    fit's labels with ``predict``; the workers apply the combined single-GPU models)."""
+    import cuml.dask.cluster
+    import cuml.dask.decomposition
+
+    inspect.signature(cuml.dask.cluster.KMeans.predict).bind(None, None)
+    inspect.signature(cuml.dask.cluster.KMeans.predict).bind(None, None, delayed=True)
+    inspect.signature(cuml.dask.decomposition.PCA.transform).bind(None, None)
+    for cls in (cuml.dask.cluster.KMeans, cuml.dask.decomposition.PCA):
+        assert callable(getattr(cls, "get_combined_model", None)), cls
+    assert hasattr(cuml.cluster.KMeans(n_clusters=3), "n_clusters")  # the stability refits' k, off the combined model

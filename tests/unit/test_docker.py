@@ -14,7 +14,7 @@ def _name(req: str) -> str:
 def test_image_installs_every_runtime_dependency():
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     dockerfile = (REPO / "docker" / "Dockerfile").read_text().lower()
-    # torch and torchvision come from PyTorch's CUDA 12 index (step 1); dask and numpy with the RAPIDS image
+    # torch and torchvision come from PyPI (CUDA 13) under the image's constraints (step 1); dask and numpy with it
     installed = set(re.findall(r'"([a-z0-9_.-]+)[<>=!~]', dockerfile)) | {"torch", "torchvision", "dask", "numpy"}
     missing = sorted(_name(d) for d in deps if _name(d) not in installed)
     assert not missing, f"docker/Dockerfile does not install {missing}"
