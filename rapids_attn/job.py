@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rapids_attn.data.formats import FORMATS
 from rapids_attn.errors import JobConfigError
 
 if TYPE_CHECKING:
@@ -179,9 +180,15 @@ class ProbeConfig(Section):
     seed: int = 0
 
 
+#: what ``data.format`` takes: ``auto``, then every format registered in :mod:`rapids_attn.data.formats`, as a
+#: ``Literal`` (its JSON schema is their enum; a wrong value's error lists them all, in this order)
+DataFormat = Literal[FORMATS]  # type: ignore[valid-type]  # built from the registry: one place per format
+
+
 class DataConfig(Section):
     path: Path
-    format: Literal["auto", "squad", "jsonl", "csv", "text", "parquet", "hf"] = "auto"
+    #: ``auto`` or a registered format (:data:`DataFormat`)
+    format: DataFormat = "auto"
     text_fields: list[str] | None = Field(None, min_length=1, max_length=2)
     id_field: str | None = None
     group_field: str | None = None

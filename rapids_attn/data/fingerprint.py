@@ -6,6 +6,10 @@ job reads (a file, or every file of a saved Hugging Face dataset folder with its
 a changed dataset changes the key: it is refused without ``--overwrite`` and never mixed into a
 resume. It is a second sequential read of the input (SHA-256, hundreds of MB/s on one core, and the
 page cache usually still holds the file from the indexing pass).
+
+Each data format names its rule in :data:`rapids_attn.data.formats.REGISTRY`: :func:`file_fingerprint` (a file's
+bytes) or :func:`folder_fingerprint` (a folder's files). A rule never changes once stores were made with it:
+old stores would stop matching their unchanged data.
 """
 
 from __future__ import annotations
@@ -35,18 +39,35 @@ def stamp(path: Path) -> tuple:
 
 
 def content_fingerprint(path: str | os.PathLike[str]) -> str:
-    """SHA-256 (hex, 16 characters) of the content at ``path``: a file's bytes, or a folder's files (each
-    with its relative path and length, in sorted order, so a rename or a split boundary also counts)."""
+    """SHA-256 (hex, 16 characters) of the content at ``path``: a folder's by :func:`folder_fingerprint`, a
+    file's by :func:`file_fingerprint` (each format names its rule: :mod:`rapids_attn.data.formats`)."""
     path = Path(path)
+    return folder_fingerprint(path) if path.is_dir() else file_fingerprint(path)
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> str:
+    """SHA-256 (hex, 16 characters) of a file: of the SHA-256 digest of its bytes."""
+    return _fingerprint(Path(path), lambda h, path, before: _update(h, path))
+
+
+def folder_fingerprint(path: str | os.PathLike[str]) -> str:
+    """SHA-256 (hex, 16 characters) of a folder's files: each one's relative path and length, then the SHA-256
+    digest of its bytes, in sorted order (so a rename or a split boundary also counts)."""
+
+    def files(h, path: Path, before: tuple) -> None:
+        for rel, size, _ in before:
+            h.update(f"{rel}\0{size}\0".encode())
+            _update(h, path / rel)
+
+    return _fingerprint(Path(path), files)
+
+
+def _fingerprint(path: Path, rule) -> str:
+    """``rule(h, path, stamp)`` fed into one SHA-256, refused when the content changed while it was read."""
     h = hashlib.sha256()
     before = stamp(path)
     try:
-        if path.is_dir():
-            for rel, size, _ in before:
-                h.update(f"{rel}\0{size}\0".encode())
-                _update(h, path / rel)
-        else:
-            _update(h, path)
+        rule(h, path, before)
     except PermissionError as e:
         raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
     if stamp(path) != before:

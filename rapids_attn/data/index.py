@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from rapids_attn.data.example import Example
+from rapids_attn.data.formats import Source
 from rapids_attn.data.linefiles import LineSource, Seek, changed
-from rapids_attn.data.tables import HfSource, ParquetSource
 from rapids_attn.errors import DataError
 
-#: a record source: where the file is and how its records become Examples (small, picklable)
-Source = LineSource | ParquetSource | HfSource
+# Source (a record source: where the file is and how its records become Examples; small, picklable) is the protocol
+# every registered format's source follows: rapids_attn.data.formats
 
 #: records between two seek points of a line-based file: a worker reads at most this many extra records
 CHECKPOINT_EVERY = 256

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import csv
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -165,6 +166,11 @@ class LineSource(FieldsSource):
         if self.stamp is None:
             object.__setattr__(self, "stamp", file_stamp(self.path))
 
+    @classmethod
+    def open(cls, path: Path, spec: FieldSpec | None, log: logging.Logger | None = None) -> LineSource | None:
+        """The source for ``path`` (:class:`rapids_attn.data.formats.Source`); nothing is read before the pass."""
+        return cls(str(path), spec)
+
     def _stream(self, lines: LineReader) -> Iterator[tuple[int, int, int, Any]]:
         """Every record from the reader's position: (offset before it, line before it, its line, raw)."""
         raise NotImplementedError
@@ -295,7 +301,7 @@ class CsvSource(LineSource):
     format = "csv"
 
     @classmethod
-    def open(cls, path: Path, spec: FieldSpec) -> CsvSource | None:
+    def open(cls, path: Path, spec: FieldSpec, log: logging.Logger | None = None) -> CsvSource | None:
         """Read and check the header; None for an empty file."""
         delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
         with open(path, "rb") as f:

@@ -31,8 +31,9 @@ from typing import Any
 
 from rapids_attn.data.example import Example
 from rapids_attn.data.fields import FieldSpec, check_length
-from rapids_attn.data.fingerprint import changed_while_reading, content_fingerprint
+from rapids_attn.data.fingerprint import changed_while_reading
 from rapids_attn.data.fingerprint import stamp as data_stamp
+from rapids_attn.data.formats import FORMATS, REGISTRY, SUFFIX_FORMATS, Format, folder_formats
 from rapids_attn.data.index import (
     CHECKPOINT_EVERY,
     DataIndex,
@@ -42,27 +43,13 @@ from rapids_attn.data.index import (
     scan,
     select_positions,
 )
-from rapids_attn.data.linefiles import CsvSource, JsonlSource, TextSource, not_utf8, too_deep
-from rapids_attn.data.tables import HfSource, ParquetSource
+from rapids_attn.data.linefiles import not_utf8, too_deep
 from rapids_attn.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("auto", "squad", "jsonl", "csv", "text", "parquet", "hf")
-
-# File suffix -> format, used when format="auto".
-_SUFFIX_FORMATS = {
-    ".json": "squad",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".csv": "csv",
-    ".tsv": "csv",
-    ".txt": "text",
-    ".parquet": "parquet",
-}
-# Files that `datasets` `save_to_disk` writes: state.json / dataset_info.json for a Dataset,
-# dataset_dict.json at the top of a DatasetDict (its splits sit in sub-directories).
-_HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+# The formats, their sources, suffixes, marker files and fingerprint rules: rapids_attn.data.formats (one
+# registration each). FORMATS ("auto", then every registered format) stays importable from here.
 
 
 def build_index(
@@ -81,7 +68,8 @@ def build_index(
 ) -> DataIndex:
     """Index ``path``: validate and count every record, check ids are unique, apply ``sample`` and ``limit``.
 
-    format:      "auto" | "squad" | "jsonl" | "csv" | "text" | "parquet" | "hf" (see :func:`detect_format`).
+    format:      "auto" or a registered format (:data:`rapids_attn.data.formats.FORMATS`: "squad" | "jsonl" |
+                 "csv" | "text" | "parquet" | "hf"; see :func:`detect_format`).
     text_fields: 1 or 2 field names for jsonl/csv/parquet/hf (first -> text, second -> text_pair);
                  default ["text"]. Ignored by squad and text, whose layout is fixed.
     id_field:    field holding a unique id; default: the 0-based record index as a string.
@@ -105,8 +93,9 @@ def build_index(
     if format not in FORMATS:
         raise DataError(f"data.format: unknown format {format!r}; use one of {', '.join(FORMATS)}")
     fmt = detect_format(path) if format == "auto" else format
-    if (fmt == "hf") != path.is_dir():
-        want = "a directory written by datasets' save_to_disk" if fmt == "hf" else "a file"
+    registered = REGISTRY[fmt]
+    if bool(registered.folder) != path.is_dir():
+        want = registered.folder or "a file"
         raise DataError(
             f"data.path: {path} is not {want}, as data.format {fmt!r} needs; set data.path or data.format to match"
         )
@@ -118,14 +107,14 @@ def build_index(
             "leave squad_unit out for this file"
         )
     stamped = data_stamp(path)
-    if fmt == "squad":
+    if registered.source is None:  # SQuAD, read whole
         try:
             examples = read_squad(path, squad_unit)
         except PermissionError as e:
             raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
         _empty(len(examples), path)
         _check_unique_ids(examples, path)
-        digest = _fingerprint(path, stamped)
+        digest = _fingerprint(path, registered, stamped)
         keep = select_positions(len(examples), limit=limit, sample=sample, seed=seed)
         inline = tuple(examples[i] for i in keep)
         warn = None if sample is not None else prefix_warning([e.group for e in examples], len(keep), "questions")
@@ -142,7 +131,7 @@ def build_index(
         )
 
     try:
-        source = _open_source(path, fmt, text_fields, id_field, group_field, label_field)
+        source = _open_source(path, registered, text_fields, id_field, group_field, label_field)
     except PermissionError as e:
         raise DataError(f"data.path: cannot read {path} ({e.strerror}); fix its permissions") from None
     no_text: list[int] = []
@@ -152,7 +141,7 @@ def build_index(
     if hasattr(source, "empty_rows"):  # Parquet's pass reads ids only: its empty texts from their columns
         no_text.extend(source.empty_rows())
     _empty(n, path)
-    digest = _fingerprint(path, stamped)
+    digest = _fingerprint(path, registered, stamped)
     index = DataIndex(
         path,
         fmt,
@@ -170,10 +159,10 @@ def build_index(
     return dataclasses.replace(index, records=select_positions(n, limit=limit, sample=sample, seed=seed))
 
 
-def _fingerprint(path: Path, stamped: tuple) -> str:
-    """The content hash of the input, refused if it changed since indexing began (the index and the hash
-    must describe the same bytes)."""
-    digest = content_fingerprint(path)
+def _fingerprint(path: Path, fmt: Format, stamped: tuple) -> str:
+    """The content hash of the input by its format's rule, refused if it changed since indexing began (the index
+    and the hash must describe the same bytes)."""
+    digest = fmt.fingerprint(path)
     if data_stamp(path) != stamped:
         raise changed_while_reading(path)
     return digest
@@ -204,18 +193,12 @@ def read_examples(
     return index.read(range(len(index)))
 
 
-def _open_source(path: Path, fmt: str, text_fields, id_field, group_field, label_field):
-    """The source for a record format (None: it holds nothing); the header or schema is checked here. Its
-    path is absolute: workers started elsewhere (another node, another folder) read the same file."""
+def _open_source(path: Path, fmt: Format, text_fields, id_field, group_field, label_field):
+    """The format's source (None: it holds nothing); the header or schema is checked here. Its path is
+    absolute: workers started elsewhere (another node, another folder) read the same file."""
     path = path.absolute()
-    if fmt == "text":
-        return TextSource(str(path))
-    spec = FieldSpec.make(text_fields, id_field, group_field, label_field)
-    if fmt == "jsonl":
-        return JsonlSource(str(path), spec)
-    if fmt == "hf":
-        return HfSource.open(path, spec, logger)
-    return {"csv": CsvSource, "parquet": ParquetSource}[fmt].open(path, spec)
+    spec = FieldSpec.make(text_fields, id_field, group_field, label_field) if fmt.fields else None
+    return fmt.source.open(path, spec, logger)
 
 
 def _empty(n: int, path: Path) -> None:
@@ -224,16 +207,18 @@ def _empty(n: int, path: Path) -> None:
 
 
 def detect_format(path: Path) -> str:
-    """Guess the format from a directory's HF marker files or a file's suffix."""
+    """Guess the format from a directory's marker files (a folder format's) or a file's suffix."""
     if path.is_dir():
-        if any((path / name).is_file() for name in _HF_MARKERS):
-            return "hf"
+        folders = folder_formats()
+        for f in folders:
+            if any((path / name).is_file() for name in f.markers):
+                return f.name
         raise DataError(
-            f"data.path: {path} is a directory but not a saved HuggingFace dataset "
-            f"(no {' / '.join(_HF_MARKERS)}); point data.path at a dataset file or a "
+            f"data.path: {path} is a directory but not {' or '.join(f.folder_name for f in folders)} "
+            f"(no {' / '.join(m for f in folders for m in f.markers)}); point data.path at a dataset file or a "
             f"save_to_disk directory"
         )
-    fmt = _SUFFIX_FORMATS.get(path.suffix.lower())
+    fmt = SUFFIX_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(
             f"data.format: cannot tell the format of {path} from its suffix "

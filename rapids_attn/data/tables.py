@@ -87,7 +87,7 @@ class ParquetSource(FieldsSource):
             object.__setattr__(self, "stamp", file_stamp(self.path))
 
     @classmethod
-    def open(cls, path: Path, spec: FieldSpec) -> ParquetSource:
+    def open(cls, path: Path, spec: FieldSpec, log: logging.Logger | None = None) -> ParquetSource:
         """Check the schema: every named column exists, and the text columns hold text, binary or numbers."""
         schema = _parquet_file(path).schema_arrow
         spec.check_fields(schema.names, f"the schema of {path}")
