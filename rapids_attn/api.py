@@ -392,7 +392,7 @@ def analyse_maps(
     job's ``embed`` rules."""
     from pydantic import ValidationError
 
-    from rapids_attn.embed.base import build_embedder
+    from rapids_attn.embed import build_embedder
     from rapids_attn.errors import JobConfigError
     from rapids_attn.job import EmbedConfig
 

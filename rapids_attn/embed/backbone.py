@@ -258,3 +258,18 @@ class BackboneEmbedder(ImageEmbedder):
                 for start in range(0, images.shape[0], self.chunk)
             ]
         return torch.cat(out) if out else torch.zeros(0, self.dim, device=self.device)
+
+
+def from_config(cfg, image_size: int, *, device: str, precision: str, prepare: bool) -> BackboneEmbedder:
+    """The :class:`~rapids_attn.embed.base.EmbedderFactory` of every name the registry does not list: ``embed.name``
+    is a torchvision classification model (an unknown one is refused with the names torchvision has)."""
+    return BackboneEmbedder(
+        cfg.name,
+        cfg.weights,
+        cfg.input_size,
+        cfg.batch_size,
+        device,
+        precision=precision,
+        image_size=image_size,
+        prepare=prepare,
+    )

@@ -1,4 +1,4 @@
-"""The embedder interface and factory.
+"""The embedder interface: what every embedder is, and what builds one.
 
 An embedder turns each map into a feature vector. Every embedder implements one method,
 :meth:`Embedder.embed`, which receives all three things the pipeline keeps for a map (the
@@ -8,19 +8,23 @@ area-resized image, the full-resolution offset profile and the scalar stats) and
 predicted type. Embedders that read only the image derive from :class:`ImageEmbedder` and implement
 ``__call__(images)``.
 
-Where an embedder runs and at which precision is decided by :mod:`rapids_attn.devices`;
-:func:`build_embedder` receives the result.
+Each embedder module also has an :class:`EmbedderFactory` (by convention ``from_config``), which builds
+it from the job's ``embed`` section; :mod:`rapids_attn.embed.registry` maps each ``embed.name`` to one.
+This module names no implementation and imports none (docs/architecture.md, "Adding an embedder").
+
+Where an embedder runs and at which precision is decided by :mod:`rapids_attn.devices`; the factory
+receives the result and decides nothing.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:  # the interface itself needs no torch: the registry and the job schema import it cheaply
+    import torch
 
-from rapids_attn.errors import JobConfigError
+    from rapids_attn.job import EmbedConfig
 
 
 class Embedding(NamedTuple):
@@ -29,7 +33,10 @@ class Embedding(NamedTuple):
 
 
 class Embedder(ABC):
-    """Maps -> features. Subclasses set ``name`` and ``dim`` in ``__init__``."""
+    """Maps -> features. Subclasses set ``name`` (the ``embed.name`` that built it) and ``dim`` (the
+    feature size) in ``__init__``, after ``super().__init__()``; they may fill ``outputs`` and
+    ``store_attrs``. The store layout reads ``dim``, ``outputs`` and ``store_attrs`` once in preflight,
+    from an embedder built there with ``prepare=False``, so they must not depend on the device."""
 
     name: str
     dim: int
@@ -42,7 +49,8 @@ class Embedder(ABC):
 
     @abstractmethod
     def embed(self, images: torch.Tensor, profile: torch.Tensor, stats: torch.Tensor) -> Embedding:
-        """images [N, S, S], profile [N, P], stats [N, K] -> :class:`Embedding`."""
+        """images [N, S, S], profile [N, P], stats [N, K] -> :class:`Embedding`: ``features`` [N, dim]
+        float32 on the device of ``images``, and one [N] tensor per entry of ``outputs``."""
 
 
 class ImageEmbedder(Embedder):
@@ -55,47 +63,12 @@ class ImageEmbedder(Embedder):
         return Embedding(self(images), {})
 
 
-class PooledEmbedder(ImageEmbedder):
-    """The area-pooled map, flattened: dim = pooled_size ** 2. No learned weights at all."""
+class EmbedderFactory(Protocol):
+    """Builds an embedder from the job's ``embed`` section (``cfg``) and the side of the maps it will be given
+    (``image_size``, ``extract.image_size``). ``device`` and ``precision`` (``float32``, ``float16`` or ``int8``)
+    come from the device plan. ``prepare=False`` (preflight) loads and checks without one-off work such as the
+    int8 calibration. Raises :class:`~rapids_attn.errors.JobConfigError` for settings it cannot honour."""
 
-    def __init__(self, image_size: int, pooled_size: int):
-        super().__init__()
-        if pooled_size > image_size:
-            raise JobConfigError(
-                f"embed.pooled_size: {pooled_size} is larger than extract.image_size {image_size}; "
-                f"set it to {image_size} or less"
-            )
-        self.name = "pooled"
-        self.pooled_size = pooled_size
-        self.dim = pooled_size * pooled_size
-
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        # images: [N, S, S] -> [N, P*P]
-        pooled = F.adaptive_avg_pool2d(images.float().unsqueeze(1), self.pooled_size)
-        return pooled.flatten(1)
-
-
-def build_embedder(
-    cfg, image_size: int, device: str = "cpu", precision: str = "float32", prepare: bool = True
-) -> Embedder:
-    """``cfg`` is the job's EmbedConfig; ``device`` and ``precision`` (``float32``, ``float16`` or
-    ``int8``) come from the device plan. Raises JobConfigError for an unknown name or bad weights.
-    ``prepare=False`` (preflight) loads and checks without the one-off int8 calibration."""
-    if cfg.name == "pooled":
-        return PooledEmbedder(image_size, cfg.pooled_size)
-    if cfg.name == "pattern-cnn":
-        from rapids_attn.embed.pattern import PatternCNNEmbedder
-
-        return PatternCNNEmbedder(device, cfg.batch_size, precision)
-    from rapids_attn.embed.backbone import BackboneEmbedder
-
-    return BackboneEmbedder(
-        cfg.name,
-        cfg.weights,
-        cfg.input_size,
-        cfg.batch_size,
-        device,
-        precision=precision,
-        image_size=image_size,
-        prepare=prepare,
-    )
+    def __call__(
+        self, cfg: EmbedConfig, image_size: int, *, device: str, precision: str, prepare: bool
+    ) -> Embedder: ...

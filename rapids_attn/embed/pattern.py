@@ -142,3 +142,9 @@ class PatternCNNEmbedder(Embedder):
                 PATTERN_PROB: torch.cat(probs).to(out_device, torch.float32),
             },
         )
+
+
+def from_config(cfg, image_size: int, *, device: str, precision: str, prepare: bool) -> PatternCNNEmbedder:
+    """The :class:`~rapids_attn.embed.base.EmbedderFactory` of ``pattern-cnn``: the shipped weights, at the
+    device plan's device and precision (float32 or float16), ``embed.batch_size`` maps per network call."""
+    return PatternCNNEmbedder(device, cfg.batch_size, precision)

@@ -144,8 +144,8 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
     from sklearn.metrics import adjusted_rand_score
 
     from rapids_attn.embed.backbone import BackboneEmbedder
-    from rapids_attn.embed.base import PooledEmbedder
     from rapids_attn.embed.pattern import SIDE_SCALE, SIDE_STATS, PatternCNNEmbedder
+    from rapids_attn.embed.pooled import PooledEmbedder
     from rapids_attn.extract.maps import PROFILE_OFFSETS
     from rapids_attn.patterns.generator import generate
     from tools.pattern_cnn.evaluate_independent import analyse
@@ -233,7 +233,7 @@ def supervised_baselines(meta: dict, n_train: int = 10000, workers: int = 2) -> 
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from rapids_attn.embed.base import PooledEmbedder
+    from rapids_attn.embed.pooled import PooledEmbedder
 
     tr = parallel_features(meta["training"]["seed"], n_train, 32, workers)
     te = parallel_features(meta["heldout"]["seed"], meta["heldout"]["n"], 32, workers)

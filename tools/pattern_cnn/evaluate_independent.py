@@ -104,7 +104,7 @@ def analyse(maps: list) -> dict[str, np.ndarray]:
 def embed_images(r: dict[str, np.ndarray], name: str, settings: dict, batch: int = 256) -> np.ndarray:
     """The baselines' features of the API's images, by the job's own embedder factory: what
     ``analyse_maps(..., embedder=name, **settings)`` computes, without reducing the maps again."""
-    from rapids_attn.embed.base import build_embedder
+    from rapids_attn.embed import build_embedder
     from rapids_attn.job import EmbedConfig
 
     size = r["images"].shape[-1]

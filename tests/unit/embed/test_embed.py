@@ -12,7 +12,7 @@ import torch
 
 from rapids_attn.embed import build_embedder
 from rapids_attn.embed.backbone import BackboneEmbedder, ensure_imagenet_weights, imagenet_cache_path
-from rapids_attn.embed.base import PooledEmbedder
+from rapids_attn.embed.pooled import PooledEmbedder
 from rapids_attn.errors import JobConfigError
 from rapids_attn.job import EmbedConfig
 
