@@ -1,4 +1,5 @@
-"""The job schema: presets, overrides, one-line errors with the nearest valid name."""
+"""The job schema (rapids_attn.job) and its loader (rapids_attn.jobfile): presets, overrides, one-line errors with
+the nearest valid name."""
 
 import hashlib
 import json
@@ -8,7 +9,8 @@ import pytest
 from helpers import REPO
 
 from rapids_attn.errors import JobConfigError
-from rapids_attn.job import JobConfig, builtin_presets, load_job, parse_override, preset_dirs
+from rapids_attn.job import JobConfig
+from rapids_attn.jobfile import builtin_presets, load_job, parse_override, preset_dirs
 
 
 def write(path: Path, text: str) -> Path:
@@ -306,3 +308,24 @@ def test_unreadable_preset_is_one_line(tmp_path):
     (tmp_path / "configs" / "bad.yaml").write_bytes(b"cluster: {method: \xe9}\n")
     with pytest.raises(JobConfigError, match=r"extends: preset 'bad': .*bad.yaml is not a UTF-8 text file"):
         load_job(minimal(tmp_path, "extends: [bad]\n"))
+
+
+def test_the_loaders_names_are_still_importable_from_the_schema_module():
+    """The loader moved to rapids_attn.jobfile; rapids_attn.job re-exports its public names on purpose (its importers,
+    the docs and users' scripts read them there), the loader's own objects, without an import cycle."""
+    import subprocess
+    import sys
+
+    from rapids_attn import job, jobfile
+
+    for name in job._JOBFILE_NAMES:
+        assert getattr(job, name) is getattr(jobfile, name), name
+    from rapids_attn.job import load_job as reexported
+
+    assert reexported is load_job
+    with pytest.raises(AttributeError):
+        job._expand_extends  # noqa: B018  (private names are the loader's own)
+    for first in ("rapids_attn.jobfile", "rapids_attn.job"):  # either module imported first, in a fresh process
+        code = f"import {first}; from rapids_attn.job import load_job, JobConfig; print(load_job.__module__)"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert r.stdout.strip() == "rapids_attn.jobfile"

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from rapids_attn import job as J
+from rapids_attn import jobfile
 from rapids_attn.errors import JobConfigError, UserError
-from rapids_attn.job import MAX_DEPTH, MAX_JOB_BYTES, MAX_LINE, MAX_NODES, load_job, one_line, show
+from rapids_attn.job import MAX_LINE, one_line, show
+from rapids_attn.jobfile import MAX_DEPTH, MAX_JOB_BYTES, MAX_NODES, load_job
 from rapids_attn.run import main
 
 #: what a refusal of a job file may print: one line, a quoted value cut to 120 characters, the rest the message
@@ -236,7 +238,7 @@ def test_every_load_job_error_is_cut_to_one_short_line(tmp_path, monkeypatch):
     def long_error(*a, **k):
         raise JobConfigError("data.path: " + "z" * 50_000 + "; fix it")
 
-    monkeypatch.setattr(J, "_expand_extends", long_error)
+    monkeypatch.setattr(jobfile, "_expand_extends", long_error)
     with pytest.raises(JobConfigError) as e:
         load_job(write_job(tmp_path, job_text(tmp_path)))
     assert len(str(e.value)) <= MAX_LINE + 50 and str(e.value).endswith("; fix it")
