@@ -182,7 +182,7 @@ def extractor(model_dir: Path, attention: str = "blocked", block_mb: int | None 
     )
     from transformers import AutoConfig
 
-    from rapids_attn.extract.maps import STAT_NAMES
+    from rapids_attn.extract.signature import STAT_NAMES
 
     mc = AutoConfig.from_pretrained(model_dir)
     e = cfg.extract

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from rapids_attn.errors import UserError
-from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, LayerReducer, TokenMasks
+from rapids_attn.extract.maps import LayerReducer, TokenMasks
+from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 
 
 class ArgumentError(UserError, ValueError):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rapids_attn.extract.maps import STAT_NAMES
+from rapids_attn.extract.signature import STAT_NAMES
 
 
 def eta_squared(values: np.ndarray, groups: np.ndarray) -> float:

@@ -36,7 +36,8 @@ import torch
 
 from rapids_attn.embed.base import Embedder, Embedding
 from rapids_attn.errors import JobConfigError
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize
+from rapids_attn.extract.maps import area_resize
+from rapids_attn.extract.signature import PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.store.schema import PATTERN, PATTERN_PROB, Attr
 
 #: The stats copied into the features (length-free: shares of a row's mass, or normalised entropy).

@@ -172,7 +172,7 @@ class HeadDetectors:
     """Per-head detector scores ([layer, head] arrays, rounded to 4 places; NaN where never defined) and
     how many examples define each detector at the head that has most."""
 
-    names: list[str]  # the store's detectors (extract.maps.DETECTOR_NAMES)
+    names: list[str]  # the store's detectors (extract.signature.DETECTOR_NAMES)
     scores: dict[str, np.ndarray]
     examples: dict[str, int]
 

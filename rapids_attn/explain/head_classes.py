@@ -135,7 +135,7 @@ def write(
     run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: dict, examples: int, windowed: int = 0
 ) -> dict:
     """Write ``run_dir/head_classes.json`` (atomically) and return the summary's entry: counts per class."""
-    from rapids_attn.extract.maps import RECENT_WINDOW, SINK_TOKENS
+    from rapids_attn.extract.signature import RECENT_WINDOW, SINK_TOKENS
 
     doc = {
         "model": model.get("name"),

@@ -4,6 +4,11 @@ Every map is cropped to ``[:n, :n]`` (n = the example's real token count, right 
 anything else, so padding never enters a map, its image or its stats. The stats are computed on
 the full-resolution crop because area-resizing erases one-token structure: with n = 200 and S = 32
 a previous-token head and a self head are the same picture (see docs/architecture.md).
+
+What each stat, detector and profile column is, is named and defined in :mod:`rapids_attn.extract.signature`;
+this module computes them: the plain references (:func:`map_signature`, :func:`offset_profile`,
+:func:`area_resize`) and the capture's kernel, :class:`LayerReducer`, which the tests hold to them (the
+detectors' own references, used only there, are in ``tests/detector_reference.py``).
 """
 
 from __future__ import annotations
@@ -15,100 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-#: Scalar signature of one map, each a mean over the map's query rows (Clark et al. 2019).
-STAT_NAMES = (
-    "entropy",  # -sum p log p of a row
-    "entropy_norm",  # entropy / log(number of keys the row can see); 0 = one-hot, 1 = uniform; NaN at n = 1
-    "first",  # mass on the first token ([CLS] / BOS)
-    "sep",  # mass on separator / end tokens ([SEP] / EOS) after the first position
-    "punct",  # mass on punctuation tokens
-    "self",  # mass on the query's own position
-    "prev",  # mass on the previous token (rows 1..n-1; NaN at n = 1, where no row has one)
-    "next",  # mass on the next token (rows 0..n-2; NaN at n = 1)
-    "distance",  # mean |i - j| in tokens
-    "max",  # row maximum
-)
-
-#: The statistics every map has, whatever its length (the others are NaN where undefined: n = 1, no target). A map
-#: with a NaN or inf weight on a real row has a NaN or inf entropy (a sum over every key of the row), so these say,
-#: on the host, whether a batch's maps were finite (:func:`first_not_finite`), with no work on the device.
-ALWAYS_DEFINED = ("entropy", "first", "self", "distance", "max")
-
-
-def first_not_finite(stats: np.ndarray) -> tuple[int, np.ndarray] | None:
-    """A batch's statistics [example, layer, head, stat] (as copied to the host) -> the first layer position whose
-    maps are not finite, with the examples (batch positions) where; None when every map is finite."""
-    cols = [STAT_NAMES.index(name) for name in ALWAYS_DEFINED]
-    bad = ~np.isfinite(stats[..., cols]).all(-1)  # [example, layer, head]
-    if not bad.any():
-        return None
-    pos = int(np.argmax(bad.any(axis=(0, 2))))
-    return pos, np.flatnonzero(bad[:, pos].any(-1))
-
-
-#: Head detectors of TransformerLens (``transformer_lens.head_detector``), computed per map from the token
-#: ids. The first three are TransformerLens's own score, under its names: the attention mass on the
-#: pattern's positions divided by the map's whole mass (``error_measure="mul"``, nothing excluded), so
-#: rows without a target count as 0 and a head's score is the mean of the map scores. The ``_cond``
-#: scores divide by the mass of the rows that have a target instead (TransformerLens's score divided by
-#: the share of such rows): they say how a head attends where the pattern is possible, and are NaN where
-#: no row has a target (an example without a repeated token).
-DETECTOR_NAMES = (
-    "previous_token_head",  # key i - 1
-    "duplicate_token_head",  # earlier copies of the query's token
-    "induction_head",  # the token after an earlier copy of the query's token
-    "duplicate_token_cond",  # duplicate-token, over the rows that have an earlier copy
-    "induction_cond",  # induction, over the rows that have an earlier copy with a successor
-    "streaming",  # mass on the sink tokens and the recent window, over the rows that see beyond both
-    "retrieval",  # induction mass at least RECENT_WINDOW tokens back, over the rows that have such a target
-)
-
-#: The long-context head classes' geometry (docs/architecture.md, "Head classes"). A streaming head
-#: (Xiao et al. 2024, StreamingLLM and DuoAttention) attends to the first SINK_TOKENS tokens and the last
-#: RECENT_WINDOW; its ``streaming`` score is the mass there, averaged over the rows that can see any token
-#: outside both (NaN where no row can: a short input). A retrieval head (Wu et al. 2024) copies from far
-#: back in the context: its ``retrieval`` score is the induction mass (the token after an earlier copy of
-#: the query's token, the position a copying head reads) at distance >= RECENT_WINDOW, over the mass of the
-#: rows that have such a target. An attention-sink head (Gu et al. 2025) is read from the ``first`` stat.
-SINK_TOKENS = 4
-RECENT_WINDOW = 64
-
-
-def streaming_score(
-    a: torch.Tensor, causal: bool, visible: torch.Tensor | None = None, sinks: torch.Tensor | None = None
-) -> torch.Tensor:
-    """[head, n, n] -> [head]: the plain reference of the ``streaming`` detector. ``visible`` [n, n]: the keys
-    each row could see, where not every earlier (causal) or every key (windows: its window's content);
-    ``sinks`` [n, SINK_TOKENS]: each row's sink tokens (windows: its window's first tokens; -1 for none),
-    where not the input's first."""
-    n = a.shape[-1]
-    i = torch.arange(n)[:, None]
-    j = torch.arange(n)[None, :]
-    if sinks is None:
-        sink = j < SINK_TOKENS
-    else:
-        sink = (j[..., None] == sinks[:, None, :]).any(-1)
-    near = sink | ((i - j).abs() < RECENT_WINDOW)
-    if visible is None:
-        visible = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool)
-    rows = (visible & ~near).any(-1)
-    if not bool(rows.any()):
-        return torch.full((a.shape[0],), float("nan"))
-    return (a * near).sum(-1)[:, rows].mean(-1)
-
-
-def retrieval_score(a: torch.Tensor, ids: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
-    """[head, n, n] maps and their token ids [n] -> [head]: the plain reference of the ``retrieval`` detector;
-    ``visible`` as for :func:`streaming_score` (a target the row could not see is no target)."""
-    n = a.shape[-1]
-    _, ind = repeat_masks(ids)
-    far = ind & ((torch.arange(n)[:, None] - torch.arange(n)[None, :]) >= RECENT_WINDOW)
-    if visible is not None:
-        far = far & visible
-    rows = far.any(-1)
-    if not bool(rows.any()):
-        return torch.full((a.shape[0],), float("nan"))
-    return (a * far).sum((-2, -1)) / a[:, rows].sum((-2, -1))
+from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, RECENT_WINDOW, SINK_TOKENS, STAT_NAMES
 
 
 def repeat_masks(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,34 +36,9 @@ def repeat_masks(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dup, torch.tril(ind)
 
 
-def previous_token_pattern(n: int, device=None) -> torch.Tensor:
-    """[n, n] bool: key i - 1 for every row i >= 1 (TransformerLens's previous-token pattern)."""
-    return torch.ones(n - 1, dtype=torch.bool, device=device).diag(-1) if n > 1 else torch.zeros(n, n, dtype=torch.bool)
-
-
-def detector_score(a: torch.Tensor, pattern: torch.Tensor, conditional: bool = False) -> torch.Tensor:
-    """[head, n, n] maps, [n, n] bool pattern -> [head], the plain reference definition.
-
-    TransformerLens (``conditional=False``): the mass on the pattern's positions over the map's whole
-    mass; a pure pattern that every row has scores 1, a uniform map about 1/n, a map whose pattern
-    has no position 0. ``conditional``: over the mass of the rows where the pattern has a position
-    (TransformerLens's score divided by the share of those rows); NaN when no row has one.
-    """
-    hit = (a * pattern).sum((-2, -1))
-    if not conditional:
-        return hit / a.sum((-2, -1))
-    rows = pattern.any(-1)
-    if not bool(rows.any()):
-        return torch.full((a.shape[0],), float("nan"), device=a.device)
-    return hit / a[:, rows].sum((-2, -1))
-
-
 #: from how many keys a block reads the recent band as a strided view (LayerReducer._band_mass); below, most rows
 #: of a block are at its edges and one pass against the rows' band is cheaper
 BAND_VIEW_KEYS = 8 * RECENT_WINDOW
-
-#: Relative offsets j - i of the offset profile: mean attention from each query i to key i + o.
-PROFILE_OFFSETS = tuple(range(-4, 5))
 
 
 def offset_profile(a: torch.Tensor, offsets=PROFILE_OFFSETS) -> torch.Tensor:
@@ -337,14 +224,6 @@ def map_stats(a: torch.Tensor, sep: torch.Tensor, punct: torch.Tensor, causal: b
     Returns [head, len(STAT_NAMES)] float32.
     """
     return map_signature(a, SignatureWeights.build(sep.to(a.device), punct.to(a.device), causal))[0]
-
-
-def detector_scores(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """[head, n, n] maps and their token ids [n] -> [head, len(DETECTOR_NAMES)] (``detector_score`` of the
-    previous-token, duplicate-token and induction patterns, then the last two conditional)."""
-    n = a.shape[-1]
-    none = torch.zeros(n, dtype=torch.bool, device=a.device)
-    return map_signature(a, SignatureWeights.build(none, none, False, ids.to(a.device)))[1]
 
 
 @functools.lru_cache(maxsize=4096)

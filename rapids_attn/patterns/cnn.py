@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES
+from rapids_attn.extract.signature import PROFILE_OFFSETS, STAT_NAMES
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 WEIGHTS_FILE = WEIGHTS_DIR / "pattern_cnn.safetensors"

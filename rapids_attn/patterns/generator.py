@@ -61,7 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize, map_stats, offset_profile
+from rapids_attn.extract.maps import area_resize, map_stats, offset_profile
+from rapids_attn.extract.signature import PROFILE_OFFSETS, STAT_NAMES
 
 #: The pattern types, in label order.
 PATTERN_TYPES = (

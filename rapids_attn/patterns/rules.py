@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import torch
 
-from rapids_attn.extract.maps import STAT_NAMES, area_resize
+from rapids_attn.extract.maps import area_resize
+from rapids_attn.extract.signature import STAT_NAMES
 from rapids_attn.patterns.generator import PATTERN_TYPES
 
 OTHER = "other"

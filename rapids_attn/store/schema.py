@@ -58,7 +58,7 @@ DETECTORS = ArraySpec(
     "float32",
     "extract",
     np.nan,
-    "head detectors, extract.maps.DETECTOR_NAMES (the *_cond ones NaN where the example repeats no token)",
+    "head detectors, extract.signature.DETECTOR_NAMES (the *_cond ones NaN where the example repeats no token)",
 )
 PROFILE = ArraySpec(
     "profile", (*MAP_DIMS, "offset"), "float16", "extract", np.nan, "mean attention at key = query + offset"

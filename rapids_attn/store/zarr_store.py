@@ -11,6 +11,7 @@ import zarr
 
 from rapids_attn import __version__
 from rapids_attn.errors import StoreError
+from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS
 from rapids_attn.store import schema as S
 from rapids_attn.store.schema import Attr, complete_attr, read_strings
 
@@ -49,19 +50,8 @@ class StoreLayout:
     stat_names: list[str]
     features_dtype: str = "float16"
     compression_level: int = 3
-    profile_offsets: list[int] = field(default_factory=lambda: list(range(-4, 5)))
-    #: extract.maps.DETECTOR_NAMES (spelled out: the store does not import torch; a test keeps them equal)
-    detector_names: list[str] = field(
-        default_factory=lambda: [
-            "previous_token_head",
-            "duplicate_token_head",
-            "induction_head",
-            "duplicate_token_cond",
-            "induction_cond",
-            "streaming",
-            "retrieval",
-        ]
-    )
+    profile_offsets: list[int] = field(default_factory=lambda: list(PROFILE_OFFSETS))
+    detector_names: list[str] = field(default_factory=lambda: list(DETECTOR_NAMES))
     #: extra per-map outputs of the embedder (name -> dtype), e.g. pattern and pattern_prob.
     embed_outputs: dict[str, str] = field(default_factory=dict)
     #: attributes the embedder records (e.g. pattern_classes).

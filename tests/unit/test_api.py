@@ -12,7 +12,8 @@ from helpers import make_job, write_jsonl
 from sklearn.metrics import adjusted_rand_score
 
 from rapids_attn.api import analyse_maps, cluster_features
-from rapids_attn.extract.maps import DETECTOR_NAMES, STAT_NAMES, repeat_masks
+from rapids_attn.extract.maps import repeat_masks
+from rapids_attn.extract.signature import DETECTOR_NAMES, STAT_NAMES
 from rapids_attn.job import load_job
 from rapids_attn.pipeline import run_job
 

@@ -255,8 +255,12 @@ def block_bytes(value):
 
 
 def extractor(model_dir: str, attention: str, base: str, tmp: Path, token_budget: int = 4096):
-    from rapids_attn.extract.maps import STAT_NAMES
     from rapids_attn.extract.shard import Extractor, ShardTask
+
+    try:
+        from rapids_attn.extract.signature import STAT_NAMES
+    except ImportError:  # a tree from before the signature's names had their own module (issue 36)
+        from rapids_attn.extract.maps import STAT_NAMES
     from rapids_attn.job import JobConfig
     from rapids_attn.store.zarr_store import StoreLayout
 
@@ -324,7 +328,10 @@ def main() -> int:
 
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
-    from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
+    try:
+        from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
+    except ImportError:  # a tree from before the signature's names had their own module (issue 36)
+        from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 
     paras, qas = squad()
     results: dict[str, dict] = {}

@@ -26,7 +26,7 @@ import torch
 import zarr
 
 from rapids_attn.data.probe import PROBE_GROUP
-from rapids_attn.extract.maps import STAT_NAMES
+from rapids_attn.extract.signature import STAT_NAMES
 from rapids_attn.patterns.cnn import load_pattern_cnn
 from rapids_attn.patterns.rules import LABELS, OTHER, agrees, label
 from rapids_attn.store import schema as S

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rapids_attn.extract.maps import STAT_NAMES
+from rapids_attn.extract.signature import STAT_NAMES
 from rapids_attn.patterns.cnn import load_pattern_cnn
 from rapids_attn.patterns.generator import PATTERN_TYPES, sample_map
 from tools.pattern_cnn.train import confusion, format_confusion, parallel_features, predict
@@ -146,7 +146,7 @@ def planted(n: int, seed: int, workers: int = 2, weights_dir=None) -> list[dict]
     from rapids_attn.embed.backbone import BackboneEmbedder
     from rapids_attn.embed.pattern import SIDE_SCALE, SIDE_STATS, PatternCNNEmbedder
     from rapids_attn.embed.pooled import PooledEmbedder
-    from rapids_attn.extract.maps import PROFILE_OFFSETS
+    from rapids_attn.extract.signature import PROFILE_OFFSETS
     from rapids_attn.patterns.generator import generate
     from tools.pattern_cnn.evaluate_independent import analyse
 

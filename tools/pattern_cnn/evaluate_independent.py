@@ -49,7 +49,7 @@ import torch
 
 from rapids_attn.api import analyse_maps, cluster_features
 from rapids_attn.embed.pattern import SIDE_STATS
-from rapids_attn.extract.maps import PROFILE_OFFSETS
+from rapids_attn.extract.signature import PROFILE_OFFSETS
 from rapids_attn.patterns.generator import PATTERN_TYPES
 from rapids_attn.patterns.rules import rule_table
 from tools.pattern_cnn import independent

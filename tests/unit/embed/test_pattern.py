@@ -5,7 +5,7 @@ import torch
 
 from rapids_attn.embed import build_embedder
 from rapids_attn.errors import JobConfigError
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES
+from rapids_attn.extract.signature import PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.job import EmbedConfig
 
 

@@ -9,7 +9,7 @@ from helpers import make_job, write_jsonl
 
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.capture import AttentionCapture, attention_modules
-from rapids_attn.extract.maps import STAT_NAMES
+from rapids_attn.extract.signature import STAT_NAMES
 from rapids_attn.job import ModelConfig
 from rapids_attn.store.zarr_store import StoreLayout
 

@@ -2,16 +2,10 @@
 
 import pytest
 import torch
+from detector_reference import detector_score, detector_scores, previous_token_pattern
 
-from rapids_attn.extract.maps import (
-    DETECTOR_NAMES,
-    STAT_NAMES,
-    detector_score,
-    detector_scores,
-    map_stats,
-    previous_token_pattern,
-    repeat_masks,
-)
+from rapids_attn.extract.maps import map_stats, repeat_masks
+from rapids_attn.extract.signature import DETECTOR_NAMES, STAT_NAMES
 
 N = 12
 
@@ -85,7 +79,9 @@ def test_windowed_streaming_and_retrieval_count_what_each_window_shows(causal):
     its window holds a key past the sink and the recent window, and a retrieval target where its window holds
     it; the reducer fed window by window equals the references on the placed map with that visibility, and
     differs from reading the placed map as if every row had seen the whole input."""
-    from rapids_attn.extract.maps import LayerReducer, TokenMasks, retrieval_score, streaming_score
+    from detector_reference import retrieval_score, streaming_score
+
+    from rapids_attn.extract.maps import LayerReducer, TokenMasks
     from rapids_attn.extract.windows import WindowSink, plan_windows
 
     g = torch.Generator().manual_seed(0)

@@ -9,15 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rapids_attn.extract.maps import (
-    STAT_NAMES,
-    LayerReducer,
-    TokenMasks,
-    area_resize,
-    map_stats,
-    punctuation_ids,
-    separator_ids,
-)
+from rapids_attn.extract.maps import LayerReducer, TokenMasks, area_resize, map_stats, punctuation_ids, separator_ids
+from rapids_attn.extract.signature import STAT_NAMES
 
 N = 7
 S = {name: i for i, name in enumerate(STAT_NAMES)}
@@ -490,7 +483,9 @@ def test_signature_of_the_shortest_maps(n, causal):
 def test_long_context_detectors_match_their_plain_definitions(causal):
     """streaming and retrieval (rapids_attn.extract.maps) on maps longer than the sink and the recent window,
     whole and in blocks of rows, against the plain references; and what each is high on."""
-    from rapids_attn.extract.maps import RECENT_WINDOW, SINK_TOKENS, retrieval_score, streaming_score
+    from detector_reference import retrieval_score, streaming_score
+
+    from rapids_attn.extract.signature import RECENT_WINDOW, SINK_TOKENS
 
     g = torch.Generator().manual_seed(5)
     n, h = 2 * RECENT_WINDOW + 37, 3
@@ -526,7 +521,7 @@ def test_long_context_detectors_match_their_plain_definitions(causal):
 def test_a_windows_first_token_counts_as_first_not_twice():
     """Windows: a row's `first` is its weight on its window's first token; where that token is a separator (an
     EOS inside the text), it is not counted as `sep` too, as position 0 never is."""
-    from rapids_attn.extract.maps import SINK_TOKENS, STAT_NAMES
+    from rapids_attn.extract.signature import SINK_TOKENS, STAT_NAMES
 
     n = 10
     ids = torch.tensor([[1, 2, 3, 4, 5, 9, 6, 7, 8, 9]])  # 9: the separator, at 5 (a window's start) and at 9

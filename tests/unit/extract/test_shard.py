@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from detector_reference import retrieval_score, streaming_score
 from helpers import make_job, write_jsonl
 
 from rapids_attn.data.example import Example
 from rapids_attn.extract.batching import tokenize
-from rapids_attn.extract.maps import (
-    DETECTOR_NAMES,
-    STAT_NAMES,
-    TokenMasks,
-    area_resize,
-    map_stats,
-    retrieval_score,
-    streaming_score,
-)
+from rapids_attn.extract.maps import TokenMasks, area_resize, map_stats
+from rapids_attn.extract.signature import DETECTOR_NAMES, STAT_NAMES
 from rapids_attn.store.zarr_store import StoreLayout
 
 ATOL = 1e-5

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from rapids_attn.extract.maps import STAT_NAMES, map_stats, offset_profile
+from rapids_attn.extract.maps import map_stats, offset_profile
+from rapids_attn.extract.signature import STAT_NAMES
 from rapids_attn.patterns.circuits import MARGIN, circuit_map
 from rapids_attn.patterns.generator import PATTERN_TYPES, _tokens
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from rapids_attn.extract.maps import STAT_NAMES, map_stats, offset_profile
+from rapids_attn.extract.maps import map_stats, offset_profile
+from rapids_attn.extract.signature import STAT_NAMES
 from tools.pattern_cnn.independent import BIDIRECTIONAL_ONLY, FAMILIES, generate, sample
 
 S = {n: i for i, n in enumerate(STAT_NAMES)}

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize, map_stats, offset_profile
+from rapids_attn.extract.maps import area_resize, map_stats, offset_profile
+from rapids_attn.extract.signature import PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.patterns.generator import (
     MARGIN,
     N_MAX,

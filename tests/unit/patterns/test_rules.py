@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from rapids_attn.extract.maps import PROFILE_OFFSETS, STAT_NAMES, area_resize, map_stats, offset_profile
+from rapids_attn.extract.maps import area_resize, map_stats, offset_profile
+from rapids_attn.extract.signature import PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.patterns.generator import PATTERN_TYPES, featurize, sample_map
 from rapids_attn.patterns.rules import (
     LABELS,

@@ -178,6 +178,6 @@ def test_a_store_that_fails_to_open_is_never_removed(tmp_path, overwrite):
 
 
 def test_the_stores_default_detector_names_are_the_extractors():
-    from rapids_attn.extract.maps import DETECTOR_NAMES
+    from rapids_attn.extract.signature import DETECTOR_NAMES
 
     assert StoreLayout(1, [0], [0], 1, 1, 0, 1, ["entropy"]).detector_names == list(DETECTOR_NAMES)
