@@ -22,7 +22,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from rapids_attn.backends.learn import LearnBackend
 from rapids_attn.job import load_job
-from rapids_attn.learn.fit import _read_sample, _sample_maps
+from rapids_attn.learn.storeio import read_sample, sample_maps
 from rapids_attn.store import schema as S
 from rapids_attn.store.schema import read_strings
 
@@ -37,8 +37,8 @@ def fit_sample(run: Path):
     if cfg.reduce.sample_by == "group":
         _, groups = np.unique(read_strings(g[S.EXAMPLE_GROUP]), return_inverse=True)
     backend = LearnBackend("cpu", "benchmark")
-    idx = _sample_maps(e * nl * nh, cfg.reduce.fit_sample, cfg.runtime.seed, groups, nl * nh)
-    x = _read_sample(backend, feats, idx, feats.chunks[0])
+    idx = sample_maps(e * nl * nh, cfg.reduce.fit_sample, cfg.runtime.seed, groups, nl * nh)
+    x = read_sample(backend, feats, idx, feats.chunks[0])
     pca = backend.pca(min(cfg.reduce.pca_components, d), cfg.runtime.seed).fit(x)
     k = dict(g.attrs.get("learn", {})).get("n_clusters") or cfg.cluster.n_clusters
     return backend, pca.transform(x), int(k)

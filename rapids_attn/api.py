@@ -3,7 +3,7 @@
 For attention maps that come from somewhere else (a TransformerLens cache, your own hooks, another
 tool). :func:`analyse_maps` runs exactly the code an extraction worker runs on a captured layer
 (:class:`rapids_attn.extract.maps.LayerReducer`, then the embedder), and :func:`cluster_features` the
-learn stage's fit (``rapids_attn.learn.fit._Model``: PCA, optional UMAP, KMeans/DBSCAN/HDBSCAN, the
+learn stage's fit (:class:`rapids_attn.learn.MapClusterer`: PCA, optional UMAP, KMeans/DBSCAN/HDBSCAN, the
 silhouette and KMeans's seed stability)::
 
     from rapids_attn.api import analyse_maps, cluster_features
@@ -484,7 +484,7 @@ def cluster_features(
     from rapids_attn.devices import resolve_learn_backend
     from rapids_attn.errors import BackendUnavailableError
     from rapids_attn.job import ClusterConfig, ReduceConfig
-    from rapids_attn.learn.fit import _Model
+    from rapids_attn.learn.estimator import MapClusterer
 
     method = _choice(method, "method", _METHODS)
     if not (isinstance(n_clusters, str) and n_clusters == "auto"):
@@ -510,18 +510,19 @@ def cluster_features(
         learn = resolve_learn_backend(backend)
     except BackendUnavailableError as e:
         raise _renamed(e, {"runtime.learn_backend": "backend", "learn_backend": "backend"}) from None
-    # ReduceConfig asks for 2 components or more; _Model clips them to D (one, for one-column features)
+    # ReduceConfig asks for 2 components or more; MapClusterer clips them to D (one, for one-column features)
     reduce = ReduceConfig(pca_components=max(components, 2), fit_sample=max(n, 2), umap={"enabled": umap})
-    model = _Model(reduce, cluster, seed, learn, d)
+    model = MapClusterer(reduce, cluster, seed, learn)
     try:
-        z, labels = model.fit(learn.asarray(x))
+        model.fit(learn.asarray(x))
+        z, labels = model.embedding_, model.labels_
     except BackendUnavailableError as e:  # umap-learn missing
         raise _renamed(e, {"reduce.umap.enabled": "umap"}) from None
     info = {
-        "reduced": learn.to_numpy(model.pca.transform(learn.asarray(x))),
+        "reduced": learn.to_numpy(model.pca_.transform(learn.asarray(x))),
         "silhouette": _silhouette(learn, z, labels, cluster.silhouette_sample, seed),
-        "stability": model.stability(),
-        "k_sweep": model.sweep,
+        "stability": model.seed_stability(),
+        "k_sweep": model.k_sweep_,
     }
     return learn.to_numpy(labels).astype(np.int32), info
 

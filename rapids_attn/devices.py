@@ -214,11 +214,24 @@ def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...], red
 
 
 def _multi_gpu_fit(reduce, cluster) -> bool:
-    if reduce is None or cluster is None:
-        return False
-    from rapids_attn.learn.fit import supports_multi_gpu
+    return reduce is not None and cluster is not None and supports_multi_gpu(reduce, cluster)
 
-    return supports_multi_gpu(reduce, cluster)
+
+def supports_multi_gpu(reduce, cluster) -> bool:
+    """Whether this fit can run on cuml.dask across GPU workers: KMeans on the PCA output (its k fixed, or
+    picked by the k sweep, which runs on one GPU worker over the sweep's sample). UMAP, DBSCAN and HDBSCAN
+    have no cuml.dask form here: they fit on one GPU, on a worker (:func:`rapids_attn.learn.fit.fit_worker`)."""
+    return cluster.method == "kmeans" and not reduce.umap.enabled
+
+
+def one_worker_per_gpu(ids: dict[str, str | None]) -> list[str]:
+    """The workers the spread fit uses: one per distinct GPU (by UUID), none without a GPU. cuml.dask
+    starts one NCCL rank per worker holding parts, and NCCL refuses two ranks on one device."""
+    first: dict[str, str] = {}
+    for addr in sorted(ids):
+        if ids[addr] is not None:
+            first.setdefault(ids[addr], addr)
+    return sorted(first.values())
 
 
 def worker_gpu_id() -> str | None:

@@ -114,7 +114,7 @@ class LearnStage(Stage):
         (:func:`rapids_attn.learn.fit.fit_worker`), when this run has a stage that starts the workers anyway:
         their RMM pools hold most of each GPU, and a later stage (heads, relevance) keeps them up, so the job
         process would get what is left of GPU 0. On the CPU, KMeans's extra fits (the k sweep's and the
-        stability refits, :class:`rapids_attn.learn.fit.KMeansFits`) run on the workers too, in the same case
+        stability refits, :class:`rapids_attn.learn.kmeans_fits.KMeansFits`) run on the workers too, in the same case
         (extract's workers, their models dropped, are kept for them); any other fit runs in this process."""
         return ctx.devices.multi_gpu_learn or self.refits_on_workers(ctx) or self.fits_on_a_gpu_worker(ctx)
 
@@ -127,7 +127,7 @@ class LearnStage(Stage):
         each), while extract's last shards run: a worker with no shard left does it at once."""
         if ctx.devices.learn.gpu:
             return
-        from rapids_attn.learn.fit import import_estimators
+        from rapids_attn.learn.kmeans_fits import import_estimators
 
         threading.Thread(target=import_estimators, name="rapids-attn-warm-learn", daemon=True).start()
         if client is not None and self.refits_on_workers(ctx):
@@ -151,7 +151,7 @@ class LearnStage(Stage):
         self.require_complete(g, ctx.store_path)
         threads = contextlib.nullcontext()
         if not ctx.devices.learn.gpu:  # this process's own fits on the user's threads (runtime.job_threadpools)
-            from rapids_attn.learn.fit import import_estimators
+            from rapids_attn.learn.kmeans_fits import import_estimators
             from rapids_attn.runtime import job_threadpools
 
             import_estimators()  # loaded first: threadpoolctl sets the pools of the libraries loaded

@@ -26,8 +26,9 @@ import cupy
 
 from rapids_attn import devices
 from rapids_attn.backends.learn import KMEANS_N_INIT, LearnBackend
+from rapids_attn.devices import supports_multi_gpu
 from rapids_attn.job import ClusterConfig, ReduceConfig, RuntimeConfig
-from rapids_attn.learn.fit import _Model, supports_multi_gpu
+from rapids_attn.learn import MapClusterer
 from rapids_attn.runtime import RMM_LIBS, local_cluster_args, local_cuda_cluster_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,14 +83,15 @@ def test_installed_rapids_is_the_release_the_image_and_the_gpu_extra_name():
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_single_gpu_estimator_constructs(method, umap):
     reduce, cluster = sections(method, umap)
-    model = _Model(reduce, cluster, seed=7, backend=GPU, dim=DIM)  # builds PCA (and UMAP) as the fit does
-    assert isinstance(model.pca, cuml.decomposition.PCA)
-    assert model.pca.n_components == 16
+    model = MapClusterer(reduce, cluster, seed=7, backend=GPU)
+    pca, umap_ = model.reducers(DIM)  # PCA (and UMAP) as the fit builds them
+    assert isinstance(pca, cuml.decomposition.PCA)
+    assert pca.n_components == 16
     if umap:
-        assert isinstance(model.umap, cuml.manifold.UMAP)
-        assert (model.umap.n_components, model.umap.random_state) == (reduce.umap.n_components, 7)
+        assert isinstance(umap_, cuml.manifold.UMAP)
+        assert (umap_.n_components, umap_.random_state) == (reduce.umap.n_components, 7)
     else:
-        assert model.umap is None
+        assert umap_ is None
     k = 3 if cluster.n_clusters == "auto" else None  # the k sweep's pick, then each k it tries
     clusterer = model.make_clusterer(k)
     want = {"kmeans": cuml.cluster.KMeans, "dbscan": cuml.cluster.DBSCAN, "hdbscan": cuml.cluster.HDBSCAN}

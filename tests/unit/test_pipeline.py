@@ -123,7 +123,7 @@ def test_truncation_is_counted(tmp_path, tiny_bert_dir, pair_data):
 
 
 def test_failed_learn_leaves_no_complete_flag(tmp_path, tiny_bert_dir, pair_data, monkeypatch):
-    from rapids_attn.learn import fit
+    from rapids_attn.learn.estimator import MapClusterer
 
     cfg = _job(tmp_path, tiny_bert_dir, pair_data, "learnfail")
     run_job(cfg)
@@ -131,7 +131,7 @@ def test_failed_learn_leaves_no_complete_flag(tmp_path, tiny_bert_dir, pair_data
     def boom(*a, **k):
         raise RuntimeError("fit failed")
 
-    monkeypatch.setattr(fit._Model, "fit", boom)
+    monkeypatch.setattr(MapClusterer, "fit", boom)
     with pytest.raises(RuntimeError):
         run_job(cfg, ("learn",))
     g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")

@@ -80,7 +80,7 @@ def test_k_sweep_and_auto_pick_the_planted_k(tmp_path):
 
 
 def test_group_balanced_fit_sample():
-    from rapids_attn.learn.fit import _sample_maps
+    from rapids_attn.learn.storeio import sample_maps as _sample_maps
 
     groups = np.array([0] * 90 + [1] * 5 + [2] * 5)  # one group with 90% of the examples
     idx = _sample_maps(100 * 4, 60, 0, groups, maps_per_example=4)

@@ -17,7 +17,10 @@ from helpers import E, H, L, learn_sections, planted_store
 
 import rapids_attn.learn.fit as fit_mod
 from rapids_attn.backends.learn import LearnBackend
-from rapids_attn.learn.fit import _sample_maps, _spread_parts, fit_store, one_worker_per_gpu
+from rapids_attn.devices import one_worker_per_gpu
+from rapids_attn.learn.fit import fit_store
+from rapids_attn.learn.spread import placement, spread_parts
+from rapids_attn.learn.storeio import sample_maps
 from rapids_attn.store import schema as S
 
 
@@ -76,19 +79,19 @@ def _forbid_reads_here(monkeypatch, only: str | None = None):
 def test_workers_read_the_sample_and_hold_it_spread(tmp_path, client, monkeypatch):
     g, _ = planted_store(tmp_path)
     feats = g[S.FEATURES]
-    idx = _sample_maps(E * L * H, 200, seed=0)
+    idx = sample_maps(E * L * H, 200, seed=0)
     _forbid_reads_here(monkeypatch)
     workers = sorted(client.scheduler_info()["workers"])
-    parts = _spread_parts(client, LearnBackend("sklearn", "test"), feats, idx, feats.chunks[0], workers)
+    parts = spread_parts(client, LearnBackend("sklearn", "test"), feats, idx, feats.chunks[0], workers)
     assert len(parts) == -(-E // feats.chunks[0])  # one part per store chunk holding sampled maps
     assert sum(m for _, m in parts) == len(idx)
     wait([f for f, _ in parts])
     held = client.who_has([f for f, _ in parts])
     workers = {a for where in held.values() for a in where}
     assert workers == set(client.scheduler_info()["workers"])  # both workers hold parts
-    placement = fit_mod._placement(client, parts)
-    assert placement["workers_with_parts"] == 2 and placement["gpus_with_parts"] == 0
-    rows = placement["rows_per_worker"].values()
+    where = placement(client, parts, {})
+    assert where["workers_with_parts"] == 2 and where["gpus_with_parts"] == 0
+    rows = where["rows_per_worker"].values()
     assert abs(max(rows) - min(rows)) <= 2 * feats.chunks[0] * L * H  # round-robin: within a chunk or two
     monkeypatch.undo()
     got = np.concatenate(client.gather([f for f, _ in parts]))
@@ -147,7 +150,7 @@ def test_spread_fit_picks_k_with_the_sweep_on_one_worker(tmp_path, client, monke
         spread = fit_store(
             g2, reduce, cluster, _SpreadBackend("sklearn", "test"), seed=0, client=client, multi_gpu=True
         )
-    sweeps = [t for t in ts.data if str(t["key"]).startswith("_sweep_on_worker")]
+    sweeps = [t for t in ts.data if str(t["key"]).startswith("sweep_on_worker")]
     assert len(sweeps) == 1 and sweeps[0]["worker"] == workers[0]
     assert spread["multi_gpu"] is True
     assert spread["k_sweep"]["chosen"] == single["k_sweep"]["chosen"] == spread["n_clusters"] == 3
@@ -199,7 +202,7 @@ def test_the_sweep_and_refits_run_on_cpu_workers_with_the_figures_of_this_proces
     want = fit_store(here, reduce, cluster, cpu, seed=0)
     with get_task_stream(client) as ts:
         got = fit_store(there, reduce, cluster, cpu, seed=0, client=client)
-    fits = [t for t in ts.data if t["key"].startswith("_kmeans_fit")]
+    fits = [t for t in ts.data if str(t["key"]).startswith("kmeans_fit")]
     assert len(fits) == 5 * 2 + 2  # k = 2..6, each with its refit; two stability refits
     assert got["kmeans_workers"] == 2 and want["kmeans_workers"] == 0
     sweep, ref = got["k_sweep"], want["k_sweep"]

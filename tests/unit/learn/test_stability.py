@@ -12,6 +12,7 @@ from helpers import learn, planted_store
 from sklearn.metrics import adjusted_rand_score
 
 import rapids_attn.learn.fit as fit_mod
+import rapids_attn.learn.kmeans_fits as kf
 from rapids_attn.backends.learn import kmeans_args
 from rapids_attn.devices import resolve_learn_backend
 
@@ -31,7 +32,7 @@ def test_the_figure_is_the_ari_of_real_refits(tmp_path):
     z = rng.normal(size=(400, 3))
     backend = resolve_learn_backend("cpu")
     labels = backend.kmeans(7, 0).fit_predict(z)
-    got = fit_mod.seed_agreement(backend, z, labels, 7, [5, 6])
+    got = kf.seed_agreement(backend, z, labels, 7, [5, 6])
     want = [adjusted_rand_score(labels, backend.kmeans(7, s).fit_predict(z)) for s in (5, 6)]
     assert got == pytest.approx(want, abs=1e-4) and min(got) < 1.0
 
@@ -53,12 +54,12 @@ def test_auto_prefers_the_best_silhouette_among_stable_k(tmp_path, monkeypatch):
     info = learn(g, **{"cluster.n_clusters": "auto", "cluster.k_sweep": [2, 6]})
     sweep = info["k_sweep"]
     assert sweep["chosen"] == 3 and len(sweep["stability"]) == len(sweep["k"])  # the planted k, stable
-    real = fit_mod.seed_agreement
+    real = kf.seed_agreement
 
     def k3_unstable(backend, z, labels, k, seeds, *rest):
         return [0.5] if k == 3 else real(backend, z, labels, k, seeds, *rest)
 
-    monkeypatch.setattr(fit_mod, "seed_agreement", k3_unstable)
+    monkeypatch.setattr(kf, "seed_agreement", k3_unstable)
     info = learn(g, **{"cluster.n_clusters": "auto", "cluster.k_sweep": [2, 6]})
     sweep = info["k_sweep"]
     stable = [(s, k) for k, s, a in zip(sweep["k"], sweep["silhouette"], sweep["stability"]) if a >= 0.9]
@@ -75,9 +76,9 @@ def test_the_sweep_scores_every_k_as_the_silhouette_does(sil_sample, monkeypatch
     rng = np.random.default_rng(3)
     z = np.concatenate([rng.normal(c, 0.5, size=(100, 4)) for c in (0.0, 4.0, 8.0)]).astype(np.float32)
     backend = resolve_learn_backend("cpu")
-    for budget in (fit_mod.SWEEP_DISTANCE_BYTES, 0):
-        monkeypatch.setattr(fit_mod, "SWEEP_DISTANCE_BYTES", budget)
-        got = fit_mod.sweep_k(backend, z, [2, 5], 1000, sil_sample, seed=7, stability=False)
+    for budget in (kf.SWEEP_DISTANCE_BYTES, 0):
+        monkeypatch.setattr(kf, "SWEEP_DISTANCE_BYTES", budget)
+        got = kf.sweep_k(backend, z, [2, 5], 1000, sil_sample, seed=7, stability=False)
         want = [backend.silhouette(z, KMeans(**kmeans_args(k, 7)).fit_predict(z), sil_sample, 7) for k in got["k"]]
         assert got["k"] == [2, 3, 4, 5]
         np.testing.assert_allclose(got["silhouette"], want, rtol=1e-5)
@@ -96,9 +97,9 @@ def test_the_sweeps_silhouette_is_scikit_learns(n, k):
     labels = rng.integers(0, k, size=len(x)) * 7 - 3
     labels[0] = 1000  # alone in its cluster
     want = silhouette_score(dist, labels, metric="precomputed")
-    assert fit_mod.silhouette_precomputed(dist, labels) == pytest.approx(want, abs=1e-6)
+    assert kf.silhouette_precomputed(dist, labels) == pytest.approx(want, abs=1e-6)
     with pytest.raises(ValueError, match="Number of labels"):
-        fit_mod.silhouette_precomputed(dist, np.arange(len(x)))
+        kf.silhouette_precomputed(dist, np.arange(len(x)))
 
 
 def _openmp_threads() -> list[int]:
@@ -113,7 +114,7 @@ def test_the_extra_kmeans_fits_run_on_one_thread_wherever_they_run(monkeypatch):
     whole run, whose workers fitted them, reported."""
     from threadpoolctl import threadpool_limits
 
-    fit_mod.import_estimators()
+    kf.import_estimators()
     seen = []
 
     class Spy:
@@ -127,7 +128,7 @@ def test_the_extra_kmeans_fits_run_on_one_thread_wherever_they_run(monkeypatch):
     monkeypatch.setattr(backend, "kmeans", lambda k, seed: Spy())
     with threadpool_limits(limits=2):  # this process's own pool: two threads
         assert set(_openmp_threads()) == {2}
-        labels, _ = fit_mod._kmeans_fit(backend, np.zeros((5, 2), np.float32), 2, 0)
+        labels, _ = kf.kmeans_fit(backend, np.zeros((5, 2), np.float32), 2, 0)
         assert set(_openmp_threads()) == {2}  # put back after the fit
     assert seen and set(seen[0]) == {1} and labels.dtype == np.int32
 
@@ -179,7 +180,7 @@ def test_the_learn_stage_fits_under_the_users_threads(tmp_path, monkeypatch, tin
 
     monkeypatch.setattr(fit_mod, "fit_store", spy)
     cfg = load_job(None, raw=make_job(tmp_path, tiny_bert_dir, pair_data))
-    fit_mod.import_estimators()
+    kf.import_estimators()
     with threadpool_limits(limits=1):
         run_job(cfg, ("extract", "learn"))
     assert len(seen) == 1 and set(seen[0]) == {len(os.sched_getaffinity(0))}  # every OpenMP library loaded
