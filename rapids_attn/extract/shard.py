@@ -24,17 +24,10 @@ from rapids_attn.data.index import Rows
 from rapids_attn.devices import ExtractDevices, empty_device_cache
 from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture, check_probe_map, not_finite
-from rapids_attn.extract.maps import (
-    DETECTOR_NAMES,
-    PROFILE_OFFSETS,
-    STAT_NAMES,
-    LayerReducer,
-    TokenMasks,
-    first_not_finite,
-    punctuation_ids,
-    separator_ids,
-)
+from rapids_attn.extract.maps import LayerReducer, TokenMasks, punctuation_ids, separator_ids
+from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, first_not_finite
 from rapids_attn.job import EmbedConfig, ExtractConfig, ModelConfig
+from rapids_attn.stagekit import WorkerCache
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import StoreLayout, encode_thumbnails, write_shard
 
@@ -337,21 +330,21 @@ class Extractor:
         raise not_finite(self.model_name, self.layout.layers[pos], self.model_dtype, what)
 
 
-_CACHE: dict[str, Extractor] = {}
-_LOCK = threading.Lock()
+#: this worker's model and embedder, per job key (one job's at a time)
+_EXTRACTORS: WorkerCache[Extractor] = WorkerCache()
+
+
+def _load(task: ShardTask) -> Extractor:
+    torch.set_num_threads(int(task.threads))
+    t0 = time.perf_counter()
+    ex = Extractor(task)
+    #: the load's seconds (model, tokenizer, embedder, causality probe), counted in the first shard's result
+    ex.load_seconds = time.perf_counter() - t0
+    return ex
 
 
 def get_extractor(task: ShardTask) -> Extractor:
-    with _LOCK:
-        ex = _CACHE.get(task.key)
-        if ex is None:
-            torch.set_num_threads(int(task.threads))
-            _CACHE.clear()  # one job's model per worker process at a time
-            t0 = time.perf_counter()
-            ex = _CACHE[task.key] = Extractor(task)
-            #: the load's seconds (model, tokenizer, embedder, causality probe), counted in the first shard's result
-            ex.load_seconds = time.perf_counter() - t0
-        return ex
+    return _EXTRACTORS.get(task.key, lambda: _load(task))
 
 
 def process_shard(task: ShardTask) -> ShardResult:
@@ -389,8 +382,6 @@ _MALLOC_TRIM = None
 
 def release_worker_cache() -> int:
     """Drop this worker's model and embedder (and cached CUDA blocks); returns how many were held."""
-    with _LOCK:
-        n = len(_CACHE)
-        _CACHE.clear()
+    n = _EXTRACTORS.release()
     empty_device_cache()
     return n

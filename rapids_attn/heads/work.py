@@ -27,6 +27,7 @@ import torch
 from rapids_attn.data.example import Example
 from rapids_attn.devices import ExtractDevices
 from rapids_attn.job import ModelConfig
+from rapids_attn.stagekit import WorkerCache
 
 
 @dataclass
@@ -161,23 +162,20 @@ class HeadsWorker:
         return HeadsResult("importance", len(ex), sums=sums, count=float(units))
 
 
-_CACHE: dict[str, HeadsWorker] = {}
-_LOCK = threading.Lock()
+#: this worker's model, per job key
+_WORKERS: WorkerCache[HeadsWorker] = WorkerCache()
+
+
+def _load(task: HeadsTask) -> HeadsWorker:
+    torch.set_num_threads(int(task.threads))
+    return HeadsWorker(task)
 
 
 def process_heads_task(task: HeadsTask) -> HeadsResult:
     """The function Dask runs: load the model once per worker (per job key), run one task."""
-    with _LOCK:
-        w = _CACHE.get(task.key)
-        if w is None:
-            torch.set_num_threads(int(task.threads))
-            _CACHE.clear()
-            w = _CACHE[task.key] = HeadsWorker(task)
-    return w.run(task)
+    return _WORKERS.get(task.key, lambda: _load(task)).run(task)
 
 
 def release_heads_cache() -> int:
-    with _LOCK:
-        n = len(_CACHE)
-        _CACHE.clear()
-    return n
+    """Drop this worker's model; returns how many were held."""
+    return _WORKERS.release()

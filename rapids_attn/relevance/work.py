@@ -31,6 +31,7 @@ from rapids_attn.data.example import Example
 from rapids_attn.devices import ExtractDevices
 from rapids_attn.extract.capture import check_probe_map
 from rapids_attn.job import ModelConfig
+from rapids_attn.stagekit import WorkerCache
 
 #: token role bits (``relevance_roles``)
 SPECIAL, PUNCT, SECOND, ANSWER = 1, 2, 4, 8
@@ -266,23 +267,20 @@ class RelevanceWorker:
         )
 
 
-_CACHE: dict[str, RelevanceWorker] = {}
-_LOCK = threading.Lock()
+#: this worker's model, per job key
+_WORKERS: WorkerCache[RelevanceWorker] = WorkerCache()
+
+
+def _load(task: RelevanceTask) -> RelevanceWorker:
+    torch.set_num_threads(int(task.threads))
+    return RelevanceWorker(task)
 
 
 def process_relevance_task(task: RelevanceTask) -> RelevanceResult:
     """The function Dask runs: load the model once per worker (per job key), run one task."""
-    with _LOCK:
-        w = _CACHE.get(task.key)
-        if w is None:
-            torch.set_num_threads(int(task.threads))
-            _CACHE.clear()
-            w = _CACHE[task.key] = RelevanceWorker(task)
-    return w.run(task)
+    return _WORKERS.get(task.key, lambda: _load(task)).run(task)
 
 
 def release_relevance_cache() -> int:
-    with _LOCK:
-        n = len(_CACHE)
-        _CACHE.clear()
-    return n
+    """Drop this worker's model; returns how many were held."""
+    return _WORKERS.release()
