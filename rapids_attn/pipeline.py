@@ -28,9 +28,11 @@ from rapids_attn.heads.stage import HeadsStage
 from rapids_attn.job import JobConfig
 from rapids_attn.learn.stage import LearnStage
 from rapids_attn.relevance.stage import RelevanceStage
-from rapids_attn.stage import WORKER_STAGES, RunContext, Stage
+from rapids_attn.stage import RunContext, Stage, worker_stages
 
-#: every stage a job can run, in the order they run
+#: every stage a job can run, in the order they run: the one registry of stages. The pipeline, the runtime (which
+#: stages run on the workers, what those preload) and the explain stage (which results its summary carries, which
+#: sections its report has) read what they need from the classes listed here (:class:`rapids_attn.stage.Stage`)
 STAGES: dict[str, type[Stage]] = {
     s.name: s for s in (ExtractStage, LearnStage, HeadsStage, RelevanceStage, ExplainStage)
 }
@@ -272,7 +274,7 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bo
     stages = default_stages(cfg) if stages is None else stages
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
-    if WORKER_STAGES & set(stages):  # the workers' imports run beside the checks (runtime.start_worker_server)
+    if worker_stages() & set(stages):  # the workers' imports run beside the checks (runtime.start_worker_server)
         from rapids_attn.runtime import start_worker_server
 
         start_worker_server(cfg.runtime)
@@ -354,7 +356,7 @@ def _summary(ctx: RunContext) -> dict:
     summary = explain.to_dict()
     summary["seconds"] = {**summary.get("seconds", {}), **seconds}
     for name, result in ctx.results.items():  # every other stage's result under its name
-        if name != ExplainStage.name and name not in ExplainStage.summarises:
+        if name != ExplainStage.name and not ExplainStage.carries(STAGES[name]):
             summary[name] = result.to_dict()
     write_json(ctx.run_dir / "summary.json", summary)
     return summary

@@ -200,19 +200,26 @@ def environ_kept(keys):
                 os.environ[k] = v
 
 
-#: what a local worker process imports before its first task can run (about 3 s of a 2-core machine's CPU per
-#: worker): the fork server imports them once, and every worker forks from it with them in memory
-WORKER_MODULES = (
-    "distributed",
-    "torch",
-    "transformers.modeling_utils",
-    "transformers.models.auto.modeling_auto",
-    "transformers.models.auto.tokenization_auto",
-    "rapids_attn.extract.shard",
-    "rapids_attn.heads.work",
-    "rapids_attn.relevance.work",
-    "rapids_attn._fork_ready",  # last: freezes what the others imported
-)
+def worker_modules() -> tuple[str, ...]:
+    """What a local worker process imports before its first task can run (about 3 s of a 2-core machine's CPU per
+    worker): the fork server imports them once, and every worker forks from it with them in memory.
+
+    ``distributed``, then every registered stage's :attr:`~rapids_attn.stage.Stage.worker_modules` (the stages
+    that run on the workers, in the registry's order, each module once: torch, transformers' model and tokenizer
+    modules, ``rapids_attn.extract.shard``, ``rapids_attn.heads.work``, ``rapids_attn.relevance.work``), and last
+    :mod:`rapids_attn._fork_ready`, which freezes what the others imported. The same for every run of a process,
+    whichever stages it runs: the server is started once."""
+    from rapids_attn.stage import registered_stages
+
+    stage_modules = [m for st in registered_stages().values() if st.runs_on_workers for m in st.worker_modules]
+    return tuple(dict.fromkeys(["distributed", *stage_modules, "rapids_attn._fork_ready"]))
+
+
+def __getattr__(name: str):
+    if name == "WORKER_MODULES":  # the name before worker_modules() read them from the stages
+        return worker_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: the thread variables as the user set them, read when this module is first imported: before any local cluster,
 #: whose nannies write OMP_NUM_THREADS=1 and the like into this process's own environment while it runs (a
@@ -278,7 +285,7 @@ def start_worker_server(cfg) -> bool:
 
     A worker spawned afresh imports torch, transformers and the job's modules before its first task (about 3 s
     on two cores, each worker at once). The fork server is a fresh interpreter that imports them once
-    (:data:`WORKER_MODULES`); :func:`rapids_attn.pipeline.run_job` starts it before its preflight, so the
+    (:func:`worker_modules`); :func:`rapids_attn.pipeline.run_job` starts it before its preflight, so the
     imports run beside the job's checks, and each worker starts as a fork of it with the modules in memory.
     The server starts with the environment a spawned worker would get (:func:`worker_env`: glibc reads its
     malloc settings at a process's start, and a fork keeps them) and with SIGINT blocked
@@ -297,7 +304,7 @@ def start_worker_server(cfg) -> bool:
     if (_server_env is not None and _server_env != env) or (running is not None and running != _server_pid):
         return False
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_MODULES))
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(worker_modules()))
     try:
         with environ_kept(env), sigint_blocked():
             os.environ.update(env)

@@ -12,18 +12,31 @@ so it can be built and run without a job file. It declares:
 - :meth:`Stage.uses_cluster`: whether its run needs the Dask client (the pipeline owns the client's
   lifetime: it starts the cluster before the first stage that needs it and closes it after the last);
 - :meth:`Stage.run`: does the work and returns a typed :class:`StageResult`, which goes into
-  ``summary.json``.
+  ``summary.json``;
+- where it runs and how it is reported, as class attributes the pipeline, the runtime and the explain stage read
+  (none of them keeps a list of stages of its own):
 
-To add a stage: write ``rapids_attn/<name>/stage.py`` with a ``Stage`` subclass, add its arrays to
-the schema with ``stage=<name>``, and list it in :data:`rapids_attn.pipeline.STAGES`. Nothing else
-has to change (docs/architecture.md, "Adding a stage").
+  - ``runs_on_workers``: its work is tasks on the local cluster's workers, each with a model of its own, so a run
+    that includes it starts the workers' fork server before its preflight (:func:`worker_stages`);
+  - ``worker_modules``: what those workers import before their first task; the fork server imports them once
+    (:func:`rapids_attn.runtime.worker_modules`), so a worker forked from it has them in memory;
+  - ``summarised``: the explain stage's summary already carries this stage's result, so ``summary.json`` does not
+    repeat it under the stage's name;
+  - :meth:`Stage.report_section`: how the explain stage reports it (a :class:`ReportSection`: what it adds to
+    ``summary.json`` and the section, figures and link of ``report/index.html``), or None.
+
+The stages a job can run are registered in one place, :data:`rapids_attn.pipeline.STAGES`, in the order they
+run (:func:`registered_stages`). To add a stage: write ``rapids_attn/<name>/stage.py`` with a ``Stage``
+subclass, its job section in :mod:`rapids_attn.job`, its arrays in the schema with ``stage=<name>``, and its
+line in that registry. Nothing else has to change (docs/architecture.md, "Adding a stage").
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,10 +58,6 @@ class StageResult:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-#: the stages that run on a local cluster's workers (the pipeline starts the workers' fork server for them)
-WORKER_STAGES = frozenset({"extract", "relevance", "heads"})
 
 
 @dataclass
@@ -101,6 +110,23 @@ class Stage(ABC):
     name: ClassVar[str]
     requires: ClassVar[tuple[ArraySpec, ...]] = ()
     provides: ClassVar[tuple[ArraySpec, ...]] = ()
+    #: its work is tasks on the local cluster's workers, each loading a model of its own: a run that includes it
+    #: starts the workers' fork server before its preflight (:func:`worker_stages`). Not the same as
+    #: :meth:`uses_cluster`, which says, per run, whether :meth:`run` needs the Dask client at all
+    runs_on_workers: ClassVar[bool] = False
+    #: the modules its workers import before their first task (its task functions' module, torch, ...): the fork
+    #: server a local cluster's workers fork from imports them once (:func:`rapids_attn.runtime.worker_modules`)
+    worker_modules: ClassVar[tuple[str, ...]] = ()
+    #: the explain stage's summary already carries this stage's result (read back from the store, or through its
+    #: :meth:`report_section`), so ``summary.json`` does not repeat it under the stage's name
+    summarised: ClassVar[bool] = False
+
+    @classmethod
+    def report_section(cls) -> ReportSection | None:
+        """How the explain stage reports this stage's results (a section of ``report/index.html`` and what it adds
+        to ``summary.json``), or None: not reported beyond its result under its name. Imports what it needs when
+        called, so that the stage's module stays cheap to import (the registry is read before the workers start)."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -145,6 +171,75 @@ class Stage(ABC):
                 )
 
 
+class ReportSection(ABC):
+    """How the explain stage reports one stage (:meth:`Stage.report_section`).
+
+    The explain stage calls, for every registered stage that has one, in the registry's order: :meth:`read` once
+    its own findings are made (what the stage left in the store, added to ``summary.json``), then, when it writes
+    the report, :meth:`figures` and :meth:`html`. The section is linked from the page's navigation, before the
+    clusters, when its HTML is not empty."""
+
+    #: the section's anchor in report/index.html and its title in the page's navigation
+    anchor: ClassVar[str]
+    title: ClassVar[str]
+    #: the figure files it may write (a regular expression of their names without ``.png``): an earlier report's
+    #: files of these names that this report did not write are removed
+    figure_pattern: ClassVar[str] = ""
+
+    @abstractmethod
+    def read(self, g, summary: dict, findings, arrays, earlier: dict[str, Any]) -> Any:
+        """Read the stage's results from the store group ``g`` into ``summary`` (``summary.json``'s body, in the
+        order its keys are written); may add warnings to ``findings.warnings``. ``earlier``: what the sections read
+        before this one returned, by stage name. Returns what :meth:`figures` and :meth:`html` take (None: the
+        stage left nothing to report)."""
+
+    def figures(self, out_dir: Path, state: Any) -> list[str]:
+        """Render the section's figures into ``out_dir``; their file names."""
+        return []
+
+    @abstractmethod
+    def html(self, state: Any, figures: list[str]) -> str:
+        """The section (``<section id="{anchor}">...``), or "" when there is nothing to show."""
+
+
+def registered_stages() -> dict[str, type[Stage]]:
+    """Every stage a job can run, by name, in the order they run: the one registry,
+    :data:`rapids_attn.pipeline.STAGES` (read at each call, so a stage added there is seen everywhere)."""
+    from rapids_attn import pipeline
+
+    return pipeline.STAGES
+
+
+def worker_stages() -> frozenset[str]:
+    """The registered stages that run on the workers (:attr:`Stage.runs_on_workers`)."""
+    return frozenset(name for name, st in registered_stages().items() if st.runs_on_workers)
+
+
+class _WorkerStages(AbstractSet):
+    """:data:`WORKER_STAGES`: a set of stage names read from the registry at each use (``WORKER_STAGES & stages``)."""
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[str]) -> frozenset[str]:
+        return frozenset(it)
+
+    def __contains__(self, name: object) -> bool:
+        return name in worker_stages()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(worker_stages())
+
+    def __len__(self) -> int:
+        return len(worker_stages())
+
+    def __repr__(self) -> str:
+        return f"WORKER_STAGES({sorted(worker_stages())})"
+
+
+#: the stages that run on a local cluster's workers, as a set (``WORKER_STAGES & set(stages)``): the registered
+#: stages whose :attr:`Stage.runs_on_workers` is set, read from the registry when used
+WORKER_STAGES: AbstractSet[str] = _WorkerStages()
+
+
 def check_max_length(field: str, value: int | None, ctx: RunContext) -> None:
     """A stage's own ``max_length`` (heads, relevance) fits the model's positions: refused in preflight, where a
     forward would otherwise fail on a worker ("size of tensor a (2710) must match ... (512)")."""
@@ -159,7 +254,7 @@ def check_max_length(field: str, value: int | None, ctx: RunContext) -> None:
 
 def evaluated_count(ctx: RunContext, k: int | None) -> int:
     """How many examples a stage that samples ``k`` of the job's examples (the probes left out) evaluates:
-    what :func:`rapids_attn.heads.stage.sample_positions` will pick, counted in preflight."""
+    what :func:`rapids_attn.stagekit.sample_positions` will pick, counted in preflight."""
     probes = sum(1 for ex in ctx.data.inline if str(ex.group or "").startswith("probe:"))
     n = len(ctx.data) - probes
     return n if k is None else min(k, n)

@@ -49,11 +49,23 @@ from rapids_attn.explain.sections import (
 )
 
 STAGING_PREFIX = ".report-tmp-"
-#: figure files this module writes (stale ones from an earlier report are removed on success)
-_FIGURE_RE = re.compile(
-    r"^(scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|head_importance|pruning|relevance_shares|head_atlas"
-    r"|(occupancy|montage)_\d+)\.png$"
-)
+#: figure files the explain stage's own sections draw; with the stages' report sections' own
+#: (:attr:`rapids_attn.stage.ReportSection.figure_pattern`), the names of the figures a report writes (stale ones
+#: from an earlier report are removed on success)
+_OWN_FIGURES = r"scatter_(cluster|layer)|dominant_grid|k_sweep|detectors|(occupancy|montage)_\d+"
+
+
+def _figure_re(sections) -> re.Pattern:
+    """The figure files of a report with these ``(section, state)`` pairs."""
+    names = [_OWN_FIGURES, *(sec.figure_pattern for sec, _ in sections if sec.figure_pattern)]
+    return re.compile(rf"^({'|'.join(names)})\.png$")
+
+
+def _all_sections() -> list:
+    """Every registered stage's report section, with nothing read (a report written outside the explain stage)."""
+    from rapids_attn.explain.stage import report_sections
+
+    return [(sec, None) for sec in report_sections().values()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,12 +82,12 @@ class _Figures:
     occupancy: dict[int, str] = field(default_factory=dict)  # by cluster position in Findings.clusters
     montage: dict[int, str] = field(default_factory=dict)  # likewise; empty without thumbnails
     k_sweep: str | None = None  # None when the learn stage ran no sweep
-    importance: list[str] = field(default_factory=list)  # the heads stage's heatmaps and pruning curves
-    relevance: list[str] = field(default_factory=list)  # the relevance stage's shares and head atlas
+    #: each report section's figures (the heads stage's heatmaps and pruning curves, ...), in the sections' order
+    sections: list[list[str]] = field(default_factory=list)
 
     def names(self) -> list[str]:
         names = [*self.scatter.values(), *self.occupancy.values(), *self.montage.values(), self.grid, self.detectors]
-        return names + ([self.k_sweep] if self.k_sweep else []) + self.importance + self.relevance
+        return names + ([self.k_sweep] if self.k_sweep else []) + [n for figs in self.sections for n in figs]
 
 
 def _coords_label(overview: RunOverview) -> str:
@@ -83,7 +95,7 @@ def _coords_label(overview: RunOverview) -> str:
 
 
 def _make_figures(
-    out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None, heads=None, relevance=None
+    out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None, sections=()
 ) -> _Figures:
     """Render every figure into ``out_dir``; any failure propagates (no partial report)."""
     clusters = findings.clusters
@@ -123,14 +135,7 @@ def _make_figures(
                 )
     if findings.k_sweep is not None and findings.k_sweep.k:
         figs.k_sweep = figures.k_sweep_png(out_dir, findings.k_sweep)
-    if heads is not None and heads[0] is not None and not heads[1]:
-        from rapids_attn.explain.heads import figures as heads_figures
-
-        figs.importance = heads_figures(out_dir, heads[2])
-    if relevance:
-        from rapids_attn.explain.relevance import figures as relevance_figures
-
-        figs.relevance = relevance_figures(out_dir, relevance)
+    figs.sections = [sec.figures(out_dir, state) for sec, state in sections]
     return figs
 
 
@@ -179,10 +184,10 @@ def render_html(
     headviews: dict | None,
     report_dir: Path,
     no_thumbs: bool,
-    heads=None,
-    relevance=None,
+    sections=(),
 ) -> str:
-    """The page. no_thumbs: the store kept no thumbnails, which the cluster sections say."""
+    """The page. no_thumbs: the store kept no thumbnails, which the cluster sections say. ``sections``: the stages'
+    report sections, ``(section, what it read)``, in order; ``figs.sections`` holds their figures."""
     clusters = findings.clusters
     colors = figures.cluster_colors([c.id for c in clusters])
     data_path = overview.data["path"]
@@ -204,16 +209,12 @@ def render_html(
     nav += [("heads", "Heads"), ("detectors", "Detectors"), ("clusters", "Clusters"), ("metadata", "Metadata")]
     if figs.k_sweep:
         nav.append(("k-sweep", "Choosing k"))
-    from rapids_attn.explain.heads import section as heads_section
-
-    importance = heads_section(heads[0], heads[1], figs.importance) if heads else ""
-    if importance:
-        nav.insert(nav.index(("clusters", "Clusters")), ("importance", "Which heads matter"))
-    from rapids_attn.explain.relevance import section as relevance_section
-
-    flows = relevance_section(relevance, figs.relevance)
-    if flows:
-        nav.insert(nav.index(("clusters", "Clusters")), ("relevance", "Relevance and the head atlas"))
+    stage_html = []  # each stage's section, after the detectors; linked before the clusters when it has one
+    for (sec, state), sec_figs in zip(sections, figs.sections or [[] for _ in sections], strict=True):
+        html = sec.html(state, sec_figs)
+        if html:
+            nav.insert(nav.index(("clusters", "Clusters")), (sec.anchor, sec.title))
+        stage_html.append(html)
     nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
     if report_dir is not None and (Path(report_dir) / "explorer.html").is_file():
         nav_html += '<a href="explorer.html"><b>Interactive explorer</b></a>'  # explain.explorer
@@ -235,8 +236,7 @@ def render_html(
 {_map_section(figs)}
 {_heads_section(figs)}
 {_detectors_section(findings, figs)}
-{importance}
-{flows}
+{chr(10).join(stage_html)}
 <section id="clusters"><h2>Clusters</h2>
 <p class="note">Sorted by size. "What sets it apart" names the statistics whose cluster mean differs most
 from the overall mean (in standard deviations, z); "where" names the layers and heads whose maps make up
@@ -261,8 +261,7 @@ def write_report(
     findings: Findings,
     arrays: FigureArrays | None,
     headviews: dict[int, list[str]] | None = None,
-    heads=None,
-    relevance: dict | None = None,
+    sections: list | None = None,
     owned: set[str] | None = None,
     written: set[str] | None = None,
 ) -> Path:
@@ -272,6 +271,10 @@ def write_report(
     ``headviews`` maps a cluster id to the head-view pages written for it (paths relative to
     ``report/``, as :func:`rapids_attn.explain.headview.write_head_views` returns them); links are
     made only to pages that exist inside the report folder.
+
+    ``sections``: the stages' report sections with what each read, ``(section, state)``
+    (:class:`rapids_attn.stage.ReportSection`), in the order they appear; None: every registered stage's, with
+    nothing read (each then shows nothing).
 
     ``owned``: the names in ``report/`` an earlier report wrote (its manifest, :func:`rapids_attn.rundir.
     own_report_files`); of those, the figures this report does not draw are removed. None: every file of a
@@ -283,16 +286,18 @@ def write_report(
     index.unlink(missing_ok=True)  # a page from an earlier run must not survive a failed rewrite
     for old in report_dir.glob(STAGING_PREFIX + "*"):  # left by a process that was killed
         shutil.rmtree(old, ignore_errors=True)
+    sections = _all_sections() if sections is None else list(sections)
+    figure_re = _figure_re(sections)
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=report_dir))
     try:
-        figs = _make_figures(stage, overview, findings, arrays, heads, relevance)
+        figs = _make_figures(stage, overview, findings, arrays, sections)
         no_thumbs = arrays is not None and arrays.mean_thumbs is None
-        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs, heads, relevance)
+        page = render_html(overview, findings, figs, headviews, report_dir, no_thumbs, sections)
         (stage / "index.html").write_text(page, encoding="utf-8")
         names = set(figs.names())
         for old in report_dir.iterdir():
-            mine = old.name in owned if owned is not None else _FIGURE_RE.match(old.name)
-            if old.is_file() and mine and _FIGURE_RE.match(old.name) and old.name not in names:
+            mine = old.name in owned if owned is not None else figure_re.match(old.name)
+            if old.is_file() and mine and figure_re.match(old.name) and old.name not in names:
                 old.unlink()
         for name in names:
             os.replace(stage / name, report_dir / name)

@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.stage import RunContext, Stage, StageResult, registered_stages
+from rapids_attn.stagekit import open_for_run
 from rapids_attn.store import schema as S
 
 
@@ -40,9 +41,14 @@ class ExplainStage(Stage):
         S.EXAMPLE_LABEL,
     )
     provides = S.arrays_of("explain")
-    #: stages whose results the summary already carries (extract's this_run and runs, learn's clusters, heads joined
-    #: as head_importance, relevance read back from the store)
-    summarises = ("extract", "learn", "heads", "relevance")
+
+    @classmethod
+    def carries(cls, stage: type[Stage]) -> bool:
+        """Whether the summary this stage writes already carries ``stage``'s result, so that ``summary.json`` does
+        not repeat it under the stage's name: the stages whose arrays it requires (its summary is built from them:
+        extract's this_run and runs, learn's clusters), and those that say so (:attr:`Stage.summarised`: heads,
+        joined as head_importance; relevance, read back from the store)."""
+        return stage.summarised or stage.name in {spec.stage for spec in cls.requires}
 
     def __init__(self, explain, model, data, embed_name: str, seed: int = 0):
         self.explain_cfg = explain
@@ -56,15 +62,12 @@ class ExplainStage(Stage):
         return cls(cfg.explain, cfg.model, cfg.data, cfg.embed.name, cfg.runtime.seed)
 
     def run(self, ctx: RunContext, client=None) -> ExplainResult:
-        import zarr
-
         from rapids_attn.explain.describe import describe
         from rapids_attn.explain.outputs import build_summary, write_maps_table
         from rapids_attn.extract.model import load_tokenizer
         from rapids_attn.store.zarr_store import consolidate, mark_complete
 
-        g = zarr.open_group(str(ctx.store_path), mode="r+")
-        self.require_complete(g, ctx.store_path)
+        g = open_for_run(self, ctx, rewrite=False)
         n_maps = write_maps_table(g, ctx.run_dir / "maps.parquet")
         summary = build_summary(ctx, g, n_maps, self.data, self.embed_name)
         findings, arrays = describe(g, self.explain_cfg, self.seed, load_tokenizer(self.model_cfg))
@@ -77,30 +80,10 @@ class ExplainStage(Stage):
         summary["warnings"] = findings.warnings
         summary["clusters"]["k_sweep"] = found["k_sweep"]
         summary["head_detectors"] = found["detectors"]
-        from rapids_attn.explain.heads import join, stored_result
-
-        heads_info = stored_result(g)
-        joined, heads_warning = join(
-            g,
-            heads_info,
-            findings.heads_table.dominant_cluster,
-            findings.layers,
-            findings.heads,
-            [c.id for c in findings.clusters],
-        )
-        if joined is not None:
-            summary["head_importance"] = joined
-        if heads_warning:
-            findings.warnings.append(heads_warning)
-        self._heads = (joined, heads_warning, heads_info or {})
-        from rapids_attn.explain.relevance import stored_result as relevance_result
-
-        self._relevance = relevance_result(g)
-        if self._relevance is not None:
-            from rapids_attn.explain.relevance import place_heads
-
-            place_heads(self._relevance, findings, arrays.head_detectors, heads_info)
-            summary["relevance"] = self._relevance
+        # every registered stage's report section, in the stages' order: what it left in the store, into the summary
+        self._sections = {}
+        for name, section in report_sections().items():
+            self._sections[name] = (section, section.read(g, summary, findings, arrays, self._reported()))
         from rapids_attn.explain import head_classes as HC
 
         thresholds = self.explain_cfg.head_classes.model_dump()
@@ -186,8 +169,7 @@ class ExplainStage(Stage):
             findings,
             arrays,
             views,
-            heads=getattr(self, "_heads", None),
-            relevance=getattr(self, "_relevance", None),
+            sections=list(getattr(self, "_sections", {}).values()),
             owned=before,
             written=written,
         )
@@ -215,6 +197,20 @@ class ExplainStage(Stage):
             i: e.text + (f" | {e.text_pair}" if e.text_pair else "")
             for i, e in zip(examples, ctx.data.read(examples), strict=True)
         }
-        atlas = (getattr(self, "_relevance", None) or {}).get("atlas")
+        atlas = (self._reported().get("relevance") or {}).get("atlas")  # the relevance stage's head atlas
         path = write_explorer(out.parent, g, texts, atlas, self.explain_cfg.explorer_sample, self.seed)
         summary["explorer"] = {"path": str(path), "maps": len(idx), "bytes": path.stat().st_size}
+
+    def _reported(self) -> dict:
+        """What each report section read in this run, by stage name."""
+        return {name: state for name, (_, state) in getattr(self, "_sections", {}).items()}
+
+
+def report_sections() -> dict:
+    """The report sections of the registered stages (:meth:`Stage.report_section`), by stage name, in their order."""
+    out = {}
+    for name, st in registered_stages().items():
+        section = st.report_section()
+        if section is not None:
+            out[name] = section
+    return out

@@ -8,12 +8,11 @@ done-marker. When every shard is done, the stage sets ``extract_complete``.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from rapids_attn.errors import JobConfigError
-from rapids_attn.extract.maps import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.stagekit import MODEL_WORKER_MODULES, progress
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import StoreLayout
 
@@ -61,6 +60,7 @@ def plan_layout(extract, embed, store, n_examples: int, n_layers: int, n_heads: 
     """The store's shapes for this job; builds the embedder once on the CPU (which also fetches and
     checks its weights; the int8 calibration is left to the workers)."""
     from rapids_attn.embed import build_embedder
+    from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 
     layers = _check_indices("layers", extract.layers, n_layers, model_name)
     heads = _check_indices("heads", extract.heads, n_heads, model_name)
@@ -97,24 +97,12 @@ def _check_indices(name: str, sel: list[int] | None, n: int, model: str) -> list
     return sorted(sel)
 
 
-def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="shard",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        disable=None if sys.stderr.isatty() else False,
-        mininterval=1.0,
-    )
-
-
 class ExtractStage(Stage):
     name = "extract"
     requires = ()
     provides = S.arrays_of("extract")
+    runs_on_workers = True
+    worker_modules = (*MODEL_WORKER_MODULES, "rapids_attn.extract.shard")
 
     def __init__(self, model, extract, embed, runtime):
         self.model_cfg = model
@@ -189,7 +177,7 @@ class ExtractStage(Stage):
         layout = ctx.layout
         g, resumed, tasks = self.prepare(ctx)
         results = []
-        with _progress(len(tasks), "extract") as bar:
+        with progress(len(tasks), "extract") as bar:
             futures = client.map(process_shard, tasks, pure=False) if tasks else []
             n_maps = 0
             n_workers = len(client.nthreads()) if futures else 0

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP
-from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
+from rapids_attn.stagekit import (
+    MODEL_WORKER_MODULES,
+    evaluated_positions,
+    json_safe,
+    map_tasks,
+    open_for_run,
+    shards_of,
+)
 from rapids_attn.store import schema as S
 
 #: conditions per task (each condition is one pass over the task's examples)
@@ -47,14 +54,6 @@ def learn_key(attrs) -> str:
     """Identifies the clustering the cluster sets came from (the learn stage's result)."""
     learn = attrs.get(S.Attr.LEARN) or {}
     return hashlib.sha256(json.dumps(learn, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def sample_positions(n: int, groups: list[str], k: int | None, seed: int) -> np.ndarray:
-    """Positions of the evaluated examples: not probes, a seeded sample of ``k`` (sorted), or all."""
-    pos = np.asarray([i for i in range(n) if not groups[i].startswith("probe:")], dtype=np.int64)
-    if k is not None and k < len(pos):
-        pos = np.sort(np.random.default_rng(seed).choice(pos, size=k, replace=False))
-    return pos
 
 
 def dominant_heads(cluster: np.ndarray, layers: list[int], heads: list[int], share: float) -> dict[int, list]:
@@ -92,6 +91,15 @@ def pruning_masks(
 class HeadsStage(Stage):
     name = "heads"
     provides = S.arrays_of("heads")
+    runs_on_workers = True
+    worker_modules = (*MODEL_WORKER_MODULES, "rapids_attn.heads.work")
+    summarised = True  # the explain stage joins it to the clusters, as head_importance
+
+    @classmethod
+    def report_section(cls) -> ReportSection:
+        from rapids_attn.explain.stage_sections import HeadsSection
+
+        return HeadsSection()
 
     def __init__(self, heads, model, extract, runtime):
         self.cfg = heads
@@ -187,19 +195,9 @@ class HeadsStage(Stage):
         )
 
     def _map(self, client, tasks, desc):
-        from distributed import as_completed
-
-        from rapids_attn.extract.stage import _progress
         from rapids_attn.heads.work import process_heads_task
 
-        futures = client.map(process_heads_task, tasks, pure=False)
-        index = {f.key: i for i, f in enumerate(futures)}
-        out = [None] * len(tasks)
-        with _progress(len(tasks), desc) as bar:
-            for fut in as_completed(futures):
-                out[index[fut.key]] = fut.result()
-                bar.update(1)
-        return out
+        return map_tasks(client, process_heads_task, tasks, desc)
 
     def _score(self, ctx, client, shards, conditions: list[np.ndarray], means, desc) -> dict[str, np.ndarray]:
         """Per-example scores of every condition: {column: [C, N]}."""
@@ -216,17 +214,12 @@ class HeadsStage(Stage):
         return {c: np.stack(v) for c, v in cols.items()}
 
     def run(self, ctx: RunContext, client=None) -> HeadsStageResult:
-        import zarr
-
         from rapids_attn.heads.metrics import metric_for
         from rapids_attn.store.zarr_store import consolidate, mark_complete
 
         cfg = self.cfg
-        g = zarr.open_group(str(ctx.store_path), mode="r+")
-        self.require_complete(g, ctx.store_path)
-        mark_complete(g, self.name, False)
-        groups = [str(x) for x in g[S.EXAMPLE_GROUP][:]]
-        pos = sample_positions(len(groups), groups, cfg.examples, ctx.seed)
+        g = open_for_run(self, ctx)
+        pos = evaluated_positions(g, cfg.examples, ctx.seed)
         if len(pos) < 2:
             from rapids_attn.errors import JobConfigError
 
@@ -236,9 +229,7 @@ class HeadsStage(Stage):
         self._metric_obj = metric_for(self._metric)
         self._max_length = int(cfg.max_length or min(ctx.model.max_length, DEFAULT_MAX_LENGTH_CAP))  # eager: T^2 memory
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
-        n_workers = max(1, int(ctx.runtime.get("n_workers", 1)))
-        size = max(1, math.ceil(len(pos) / (2 * n_workers)))
-        shards = [self._examples[i : i + size] for i in range(0, len(pos), size)]
+        shards = shards_of(self._examples, ctx)
         print(
             f"rapids_attn: heads: metric {self._metric} on {len(pos)} examples, {n_layers} x {n_heads} heads",
             file=sys.stderr,
@@ -336,9 +327,9 @@ class HeadsStage(Stage):
         self._write(g, pos, names, scores, raw, importance, capture, info)
         if importance is not None:
             info["importance"] = np.round(importance, 6).tolist()
-        mark_complete(g, self.name, True, _json_safe(info))
+        mark_complete(g, self.name, True, json_safe(info))
         consolidate(ctx.store_path)
-        return HeadsStageResult(info=_json_safe(info))
+        return HeadsStageResult(info=json_safe(info))
 
     def _orders(self, cfg, ablation, importance, n_layers, n_heads, seed) -> dict[str, list]:
         heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
@@ -373,17 +364,3 @@ class HeadsStage(Stage):
             if tasks:
                 acc = np.stack([np.asarray(probing["tasks"][t]["accuracy"], np.float32) for t in tasks])
                 S.create_array(g, S.HEAD_PROBE, acc.shape, attributes={"tasks": tasks})[:] = acc
-
-
-def _json_safe(x):
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _json_safe(x.tolist())
-    if isinstance(x, (np.floating, float)):
-        return None if not math.isfinite(float(x)) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    return x

@@ -12,14 +12,21 @@ map cluster. The result goes into ``summary.json`` under ``relevance``.
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP
-from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
+from rapids_attn.stagekit import (
+    MODEL_WORKER_MODULES,
+    evaluated_positions,
+    json_safe,
+    map_tasks,
+    open_for_run,
+    shards_of,
+)
 from rapids_attn.store import schema as S
 
 
@@ -35,6 +42,15 @@ class RelevanceStage(Stage):
     name = "relevance"
     requires = (S.EXAMPLE_GROUP,)
     provides = S.arrays_of("relevance")
+    runs_on_workers = True
+    worker_modules = (*MODEL_WORKER_MODULES, "rapids_attn.relevance.work")
+    summarised = True  # the explain stage reads it back from the store, as relevance
+
+    @classmethod
+    def report_section(cls) -> ReportSection:
+        from rapids_attn.explain.stage_sections import RelevanceSection
+
+        return RelevanceSection()
 
     def __init__(self, relevance, model, runtime):
         self.cfg = relevance
@@ -90,30 +106,20 @@ class RelevanceStage(Stage):
         client.run(release_relevance_cache)
 
     def run(self, ctx: RunContext, client=None) -> RelevanceStageResult:
-        import zarr
-        from distributed import as_completed
-
         from rapids_attn.errors import JobConfigError
-        from rapids_attn.extract.stage import _progress
-        from rapids_attn.heads.stage import _json_safe, sample_positions
         from rapids_attn.relevance.summary import atlas_summary, disagreement, role_shares
         from rapids_attn.relevance.work import ROLE_BITS, RelevanceTask, process_relevance_task
         from rapids_attn.store.zarr_store import complete_attr, consolidate, mark_complete
 
         cfg = self.cfg
-        g = zarr.open_group(str(ctx.store_path), mode="r+")
-        self.require_complete(g, ctx.store_path)
-        mark_complete(g, self.name, False)
-        groups = [str(x) for x in g[S.EXAMPLE_GROUP][:]]
-        pos = sample_positions(len(groups), groups, cfg.examples, ctx.seed)
+        g = open_for_run(self, ctx)
+        pos = evaluated_positions(g, cfg.examples, ctx.seed)
         if len(pos) < 1:
             raise JobConfigError("relevance.examples: this job has no examples to evaluate (only probes)")
         examples = ctx.data.read(pos)
         methods = tuple(cfg.methods)
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
-        n_workers = max(1, int(ctx.runtime.get("n_workers", 1)))
-        size = max(1, math.ceil(len(pos) / (2 * n_workers)))
-        shards = [examples[i : i + size] for i in range(0, len(pos), size)]
+        shards = shards_of(examples, ctx)
         print(
             f"rapids_attn: relevance: {', '.join(methods)} on {len(pos)} examples"
             + (f"; head atlas of {n_layers * n_heads} heads" if cfg.atlas else ""),
@@ -139,13 +145,7 @@ class RelevanceStage(Stage):
             )
             for sh in shards
         ]
-        futures = client.map(process_relevance_task, tasks, pure=False)
-        index = {f.key: i for i, f in enumerate(futures)}
-        results = [None] * len(tasks)
-        with _progress(len(tasks), "relevance") as bar:
-            for fut in as_completed(futures):
-                results[index[fut.key]] = fut.result()
-                bar.update(1)
+        results = map_tasks(client, process_relevance_task, tasks, "relevance")
 
         t = max(r.relevance.shape[-1] for r in results)
         relevance = np.concatenate(
@@ -181,7 +181,7 @@ class RelevanceStage(Stage):
                 distance, n_heads, cfg.atlas_clusters, cfg.related, ctx.seed, cluster
             )
         self._write(g, pos, relevance, lengths, roles, methods, query, ROLE_BITS, distance, xy, labels)
-        info = _json_safe(info)
+        info = json_safe(info)
         mark_complete(g, self.name, True, info)
         consolidate(ctx.store_path)
         return RelevanceStageResult(info=info)

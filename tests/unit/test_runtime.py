@@ -142,10 +142,31 @@ def test_the_worker_modules_exist():
     every worker its imports again."""
     import importlib.util
 
-    from rapids_attn.runtime import WORKER_MODULES
+    from rapids_attn.runtime import worker_modules
 
-    for name in WORKER_MODULES:
+    for name in worker_modules():
         assert importlib.util.find_spec(name) is not None, name
+
+
+def test_the_worker_modules_are_the_worker_stages_own():
+    """The fork server's modules come from the registered stages that run on the workers (extract, heads,
+    relevance), in the registry's order, each once, between distributed and the freezing module."""
+    from rapids_attn.runtime import worker_modules
+    from rapids_attn.stage import WORKER_STAGES, worker_stages
+
+    assert worker_stages() == {"extract", "heads", "relevance"} == set(WORKER_STAGES)
+    assert WORKER_STAGES & {"learn", "heads"} == {"heads"} and "explain" not in WORKER_STAGES
+    assert worker_modules() == (
+        "distributed",
+        "torch",
+        "transformers.modeling_utils",
+        "transformers.models.auto.modeling_auto",
+        "transformers.models.auto.tokenization_auto",
+        "rapids_attn.extract.shard",
+        "rapids_attn.heads.work",
+        "rapids_attn.relevance.work",
+        "rapids_attn._fork_ready",
+    )
 
 
 def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatch):
@@ -157,7 +178,9 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
     from multiprocessing import forkserver
 
     import rapids_attn.runtime as rt_mod
-    from rapids_attn.runtime import WORKER_MODULES
+    from rapids_attn.runtime import worker_modules
+
+    modules = worker_modules()
 
     # the user's own value would win, and be the server's
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
@@ -168,7 +191,7 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
         with open(f"/proc/{os.getpid()}/environ") as f:
             env = dict(x.split("=", 1) for x in f.read().split("\0") if "=" in x)
         return (
-            [m for m in WORKER_MODULES if m not in sys.modules],
+            [m for m in modules if m not in sys.modules],
             os.getppid(),
             env.get("MALLOC_TRIM_THRESHOLD_"),
             env.get("OMP_NUM_THREADS"),

@@ -1,6 +1,8 @@
-"""The stage contract: a new stage is one class plus its entry in the pipeline's list. Its check runs
-in preflight, its requirements are checked against the run and the store, the pipeline starts the
-cluster only for the stages that use it, and its typed result lands in summary.json."""
+"""The stage contract: a new stage is one class plus its entry in the one registry (``pipeline.STAGES``). Its
+check runs in preflight, its requirements are checked against the run and the store, the pipeline starts the
+cluster only for the stages that use it, and its typed result lands in summary.json. A stage that runs on the
+workers has its worker modules preloaded by their fork server, and one with a report section is reported by the
+explain stage (summary.json and report/index.html): all from the class's own declarations, no other list edited."""
 
 import json
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ from helpers import make_job
 from rapids_attn import pipeline
 from rapids_attn.errors import JobConfigError, StoreError
 from rapids_attn.job import load_job
-from rapids_attn.stage import RunContext, Stage, StageResult
+from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
 
 
@@ -125,3 +127,124 @@ def test_the_cluster_lives_until_the_last_stage_that_uses_it(
     raw["cluster"] = {**raw.get("cluster", {}), "k_sweep": None, "stability_seeds": 0}
     pipeline.run_job(load_job(None, raw=raw), ("extract", "learn"))
     assert released == []  # no extra fits: the cluster closed right after extract instead
+
+
+# -- the whole path: registered once, run on the workers (their preload), reported by explain -------------------
+
+#: a module nothing of the job imports: present in a worker only when the fork server preloaded it
+TOY_MODULE = "netrc"
+
+
+class TallySection(ReportSection):
+    """The toy stage's report section: its counts in summary.json and a section of report/index.html."""
+
+    anchor = "tally"
+    title = "Maps per cluster (tally)"
+
+    def read(self, g, summary, findings, arrays, earlier):
+        from rapids_attn.store.zarr_store import complete_attr
+
+        info = g.attrs.get("tally") if g.attrs.get(complete_attr("tally")) else None
+        if info:
+            summary["cluster_sizes"] = dict(info["maps_per_cluster"])
+        return info
+
+    def html(self, state, figures):
+        if not state:
+            return ""
+        rows = "".join(f"<tr><td>{c}</td><td>{n}</td></tr>" for c, n in state["maps_per_cluster"].items())
+        return f'<section id="tally"><h2>Maps per cluster</h2><table>{rows}</table></section>'
+
+
+@dataclass
+class TallyResult(StageResult):
+    maps_per_cluster: dict | None = None
+
+
+class TallyStage(Stage):
+    """A toy stage that runs on the workers and is reported by explain: it counts the maps of each cluster in a
+    worker task, which also says whether its declared worker module was there before the task ran."""
+
+    name = "tally"
+    requires = (S.CLUSTER,)
+    runs_on_workers = True
+    worker_modules = (TOY_MODULE,)
+    summarised = True  # its report section puts its counts into summary.json
+    seen: ClassVar[list] = []  # (module preloaded, worker's parent pid) per run
+
+    @classmethod
+    def report_section(cls):
+        return TallySection()
+
+    @classmethod
+    def from_job(cls, cfg) -> "TallyStage":
+        return cls()
+
+    def uses_cluster(self, ctx: RunContext) -> bool:
+        return True
+
+    def run(self, ctx: RunContext, client=None) -> TallyResult:
+        from rapids_attn.stagekit import open_for_run
+        from rapids_attn.store.zarr_store import mark_complete
+
+        g = open_for_run(self, ctx)
+
+        def count(path, module):  # on a worker (pickled by value: it imports nothing of the tests)
+            import os
+            import sys
+
+            preloaded = module in sys.modules
+            ids, n = np.unique(np.asarray(zarr.open_group(path, mode="r")[S.CLUSTER][:]), return_counts=True)
+            return {str(i): int(c) for i, c in zip(ids, n)}, preloaded, os.getppid()
+
+        counts, preloaded, parent = client.submit(count, str(ctx.store_path), TOY_MODULE, pure=False).result()
+        TallyStage.seen.append((preloaded, parent))
+        mark_complete(g, self.name, True, {"maps_per_cluster": counts})
+        return TallyResult(maps_per_cluster=counts)
+
+
+@pytest.fixture
+def with_tally(monkeypatch):
+    """The toy stage registered in the one place, before explain; a fork server of its own for the test."""
+    from multiprocessing import forkserver
+
+    import rapids_attn.runtime as rt_mod
+
+    stages = {n: s for n, s in pipeline.STAGES.items() if n != "explain"}
+    stages.update(tally=TallyStage, explain=pipeline.STAGES["explain"])
+    monkeypatch.setattr(pipeline, "STAGES", stages)
+    TallyStage.seen = []
+    rt_mod.stop_worker_server()
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
+        forkserver._forkserver._stop()  # whatever an earlier test left running: a server of this test's start
+    monkeypatch.setattr(rt_mod, "_server_env", None)
+    monkeypatch.setattr(rt_mod, "_server_pid", None)
+    yield stages
+    rt_mod.stop_worker_server()  # later tests start one with the real stages' modules
+
+
+def test_a_stage_registered_once_runs_on_the_workers_and_is_reported(tmp_path, tiny_bert_dir, pair_data, with_tally):
+    from multiprocessing import forkserver
+
+    from rapids_attn.runtime import worker_modules
+    from rapids_attn.stage import WORKER_STAGES
+
+    assert "tally" in WORKER_STAGES and worker_modules()[-2:] == (TOY_MODULE, "rapids_attn._fork_ready")
+    raw = make_job(tmp_path, tiny_bert_dir, pair_data, explain={"report": True})
+    raw["runtime"]["processes"] = True  # worker processes, forked from the fork server
+    cfg = load_job(None, raw=raw)
+    assert pipeline.default_stages(cfg) == ("extract", "learn", "tally", "explain")
+    summary = pipeline.run_job(cfg, ("extract", "learn", "tally", "explain"))
+
+    [(preloaded, parent)] = TallyStage.seen
+    assert preloaded  # the fork server imported the stage's worker module before the worker forked
+    assert parent == forkserver._forkserver._forkserver_pid
+    # reported by explain: its section's summary entry, not its result again under its name (summarised)
+    assert sum(summary["cluster_sizes"].values()) == 20 * 2 * 2
+    assert "tally" not in summary
+    assert json.loads((cfg.run_dir / "summary.json").read_text())["cluster_sizes"] == summary["cluster_sizes"]
+    page = (cfg.run_dir / "report" / "index.html").read_text(encoding="utf-8")
+    assert '<section id="tally"><h2>Maps per cluster</h2>' in page
+    assert '<a href="#tally">Maps per cluster (tally)</a>' in page
+    assert page.index('href="#tally"') < page.index('href="#clusters"')
+    assert set(summary["seconds"]) >= {"preflight", "extract", "learn", "tally", "explain"}

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from rapids_attn.heads.stage import dominant_heads, pruning_masks, sample_positions
+from rapids_attn.heads.stage import dominant_heads, pruning_masks
 from rapids_attn.heads.summary import mean_ci, pruning_curves, removable, summarise_ablation
+from rapids_attn.stagekit import sample_positions
 
 
 def test_sample_positions_leave_out_probes_and_are_seeded():
