@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rapids_attn.errors import JobConfigError
+from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 from rapids_attn.stage import RunContext, Stage, StageResult
 from rapids_attn.stagekit import MODEL_WORKER_MODULES, progress
 from rapids_attn.store import schema as S
@@ -60,7 +61,6 @@ def plan_layout(extract, embed, store, n_examples: int, n_layers: int, n_heads: 
     """The store's shapes for this job; builds the embedder once on the CPU (which also fetches and
     checks its weights; the int8 calibration is left to the workers)."""
     from rapids_attn.embed import build_embedder
-    from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES
 
     layers = _check_indices("layers", extract.layers, n_layers, model_name)
     heads = _check_indices("heads", extract.heads, n_heads, model_name)
