@@ -248,3 +248,21 @@ def test_a_stage_registered_once_runs_on_the_workers_and_is_reported(tmp_path, t
     assert '<a href="#tally">Maps per cluster (tally)</a>' in page
     assert page.index('href="#tally"') < page.index('href="#clusters"')
     assert set(summary["seconds"]) >= {"preflight", "extract", "learn", "tally", "explain"}
+
+
+def test_the_registry_is_read_without_torch():
+    """The CLI reads the registry (which stages run on the workers, what they preload) before it starts the
+    workers' fork server, so that the server's imports run beside the job's own: the stages' modules must not
+    import torch at their top (1.5 s of a 2-core machine)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from rapids_attn.runtime import worker_modules\n"
+        "from rapids_attn.stage import WORKER_STAGES\n"
+        "assert 'extract' in WORKER_STAGES and worker_modules()\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
