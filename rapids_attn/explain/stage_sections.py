@@ -6,10 +6,19 @@ what each section reads, draws and writes is :mod:`rapids_attn.explain.heads` an
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from rapids_attn.explain import heads as heads_report
+from rapids_attn.explain import relevance as relevance_report
 from rapids_attn.stage import ReportSection
+
+
+def pattern_of(files: tuple[str, ...]) -> str:
+    """A section's :attr:`~rapids_attn.stage.ReportSection.figure_pattern` from the figure files it writes."""
+    return "|".join(re.escape(Path(f).stem) for f in files)
 
 
 @dataclass
@@ -25,7 +34,7 @@ class HeadsReport:
 class HeadsSection(ReportSection):
     anchor = "importance"
     title = "Which heads matter"
-    figure_pattern = "head_importance|pruning"
+    figure_pattern = pattern_of(heads_report.FIGURES)
 
     def read(self, g, summary: dict, findings, arrays, earlier: dict[str, Any]) -> HeadsReport:
         from rapids_attn.explain.heads import join, stored_result
@@ -61,7 +70,7 @@ class HeadsSection(ReportSection):
 class RelevanceSection(ReportSection):
     anchor = "relevance"
     title = "Relevance and the head atlas"
-    figure_pattern = "relevance_shares|head_atlas"
+    figure_pattern = pattern_of(relevance_report.FIGURES)
 
     def read(self, g, summary: dict, findings, arrays, earlier: dict[str, Any]) -> dict | None:
         """The relevance stage's stored result, each atlas head joined to the detectors and, where the heads
