@@ -62,8 +62,12 @@ def check_runtime(cfg) -> None:
             raise BackendUnavailableError(
                 "runtime.cluster: local-cuda but no CUDA device is visible; use cluster: local"
             )
-        if cfg.n_workers is not None and cfg.n_workers > n_gpus:  # dask-cuda: "Can not scale beyond visible devices"
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        # dask-cuda refuses more ("Can not scale beyond visible devices") and counts as it does: the entries of
+        # CUDA_VISIBLE_DEVICES where it is set (MIG instances included), else the devices
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            n_gpus = len(visible.split(","))
+        if cfg.n_workers is not None and cfg.n_workers > n_gpus:
             where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
             raise JobConfigError(
                 f"runtime.n_workers: {cfg.n_workers} workers, but local-cuda runs one worker per GPU and {n_gpus} "

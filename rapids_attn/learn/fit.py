@@ -83,9 +83,10 @@ def fit_worker(backend: LearnBackend, client, ids: dict[str, str | None] | None 
     return workers[0] if workers else None
 
 
-def _fit_store_on_worker(store, reduce, cluster, backend: LearnBackend, seed: int) -> dict:
-    """On a GPU worker: :func:`fit_store` of the store at ``store`` (it writes the store itself)."""
-    return fit_store(zarr.open_group(store, mode="r+"), reduce, cluster, backend, seed)
+def _fit_store_on_worker(store, reduce, cluster, backend: LearnBackend, seed: int, note: dict) -> dict:
+    """On a GPU worker: :func:`fit_store` of the store at ``store`` (it writes the store itself, ``note`` in its
+    ``learn`` attribute, which summary.json reads)."""
+    return fit_store(zarr.open_group(store, mode="r+"), reduce, cluster, backend, seed, note=note)
 
 
 def _worker_address() -> str | None:
@@ -99,7 +100,14 @@ def _worker_address() -> str | None:
 
 
 def fit_store(
-    g: zarr.Group, reduce, cluster, backend: LearnBackend, seed: int = 0, client=None, multi_gpu: bool = False
+    g: zarr.Group,
+    reduce,
+    cluster,
+    backend: LearnBackend,
+    seed: int = 0,
+    client=None,
+    multi_gpu: bool = False,
+    note: dict | None = None,
 ) -> dict:
     """Reduce and cluster every map of the store ``g`` (its ``features``); write ``reduced``,
     ``coords`` and ``cluster``; return what was done (also kept as the store's ``learn`` attribute).
@@ -108,19 +116,19 @@ def fit_store(
     ``features`` array works, with no job file. ``multi_gpu`` (from the device plan) spreads the
     fit over the GPU workers of ``client`` with cuml.dask when at least two distinct GPUs joined
     and the fit has a cuml.dask form; otherwise a cuML fit runs on one GPU worker of ``client``
-    (:func:`fit_worker`), and any other fit in this process."""
+    (:func:`fit_worker`), and any other fit in this process. ``note`` is added to what is returned and kept."""
     ids = gpu_ids(client) if client is not None and (multi_gpu or backend.gpu) else {}
     gpu_workers = one_worker_per_gpu(ids)
     n_gpus = len(gpu_workers)
     spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1
     worker = None if spread else fit_worker(backend, client, ids)
-    if worker is not None:  # the whole fit on that worker, from its RMM pool
-        info = client.submit(
-            _fit_store_on_worker, g.store, reduce, cluster, backend, seed, workers=[worker], pure=False
-        ).result()
-        if multi_gpu:
-            info["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus)
-        return info
+    note = dict(note or {})
+    if multi_gpu and not spread:
+        note["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus)
+    if worker is not None:  # the whole fit on a GPU worker, from its RMM pool (any, should the first one restart)
+        args = (g.store, reduce, cluster, backend, seed, note)
+        places = [worker, *(w for w in gpu_workers if w != worker)]
+        return client.submit(_fit_store_on_worker, *args, workers=places, pure=False).result()
     mark_complete(g, "learn", False)
     feats = g[S.FEATURES]
     e, nl, nh, d = feats.shape
@@ -204,8 +212,7 @@ def fit_store(
         "sample_by": reduce.sample_by,
         "seconds": timings,
     }
-    if multi_gpu and not spread:
-        info["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus)
+    info.update(note)
     if placement is not None:
         info["fit_placement"] = placement
     mark_complete(g, "learn", True, info)

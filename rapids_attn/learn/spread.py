@@ -159,11 +159,9 @@ class SpreadFit:
             sel = pos[(pos >= lo) & (pos < hi)] - lo
             if len(sel):
                 picks.append(self.client.submit(take, fut, sel, pure=False))
-        xp = self.backend.xp
-        x = xp.concatenate([xp.asarray(p) for p in self.client.gather(picks)])
-        z = self.model.transform(x)
-        labels = self.model.predict_embedding(z)
-        return self.backend.silhouette(z, labels, sample, self.seed)
+        # scored on the first GPU worker (its pool), not here: the job process allocates nothing on the GPU
+        args = (self.model, picks, sample, self.seed)
+        return self.client.submit(silhouette_on_worker, *args, workers=self.workers[:1], pure=False).result()
 
     def release(self) -> None:
         if self.parts:
@@ -172,6 +170,14 @@ class SpreadFit:
             self.client.cancel(self.z)
         self.parts = []
         self.z = None
+
+
+def silhouette_on_worker(model: MapClusterer, picks: list, sample: int, seed: int) -> float | None:
+    """On a GPU worker: the silhouette score of the sampled rows ``picks`` (parts of the fit set) under ``model``."""
+    xp = model.backend_.xp
+    x = xp.concatenate([xp.asarray(p) for p in picks])
+    z = model.transform(x)
+    return model.backend_.silhouette(z, model.predict_embedding(z), sample, seed)
 
 
 def sweep_on_worker(backend: LearnBackend, zs: np.ndarray, k_range, sample: int, sil_sample: int, seed: int, stability):

@@ -29,14 +29,15 @@ class LearnStage(Stage):
     requires = (S.FEATURES, S.EXAMPLE_GROUP)
     provides = S.arrays_of("learn")
 
-    def __init__(self, reduce, cluster, seed: int = 0):
+    def __init__(self, reduce, cluster, seed: int = 0, cluster_kind: str = "local"):
         self.reduce_cfg = reduce
         self.cluster_cfg = cluster
         self.seed = seed
+        self.cluster_kind = cluster_kind  # runtime.cluster: local, local-cuda or scheduler
 
     @classmethod
     def from_job(cls, cfg) -> LearnStage:
-        return cls(cfg.reduce, cfg.cluster, cfg.runtime.seed)
+        return cls(cfg.reduce, cfg.cluster, cfg.runtime.seed, cfg.runtime.cluster)
 
     def check(self, ctx: RunContext) -> None:
         """The learn settings fit the maps this run has (examples x kept layers x kept heads): KMeans's k,
@@ -111,16 +112,23 @@ class LearnStage(Stage):
 
     def uses_cluster(self, ctx: RunContext) -> bool:
         """A multi-GPU fit (cuml.dask) runs on the workers. So does a single-GPU (cuML) fit, on one GPU worker
-        (:func:`rapids_attn.learn.fit.fit_worker`), when this run has a stage that starts the workers anyway:
-        their RMM pools hold most of each GPU, and a later stage (heads, relevance) keeps them up, so the job
-        process would get what is left of GPU 0. On the CPU, KMeans's extra fits (the k sweep's and the
+        (:func:`rapids_attn.learn.fit.fit_worker`), where workers hold RMM pools beside it
+        (:meth:`fits_on_a_gpu_worker`). On the CPU, KMeans's extra fits (the k sweep's and the
         stability refits, :class:`rapids_attn.learn.kmeans_fits.KMeansFits`) run on the workers too, in the same case
         (extract's workers, their models dropped, are kept for them); any other fit runs in this process."""
         return ctx.devices.multi_gpu_learn or self.refits_on_workers(ctx) or self.fits_on_a_gpu_worker(ctx)
 
     def fits_on_a_gpu_worker(self, ctx: RunContext) -> bool:
-        """A cuML fit of a run whose workers are up anyway: it goes to a GPU worker and fits from its pool."""
-        return ctx.devices.learn is not None and ctx.devices.learn.gpu and bool(WORKER_STAGES & set(ctx.stages))
+        """A cuML fit goes to a GPU worker, and fits from its RMM pool, wherever workers hold pools beside it: an
+        external cluster's (``scheduler``: up whatever this run's stages), or a ``local-cuda`` cluster this run
+        starts anyway (a stage on the workers: with heads or relevance on it stays up through learn, and each
+        worker's pool holds 80% of its GPU). A ``local`` cluster's workers hold no pools (and asking them for
+        their GPU would start CUDA in each); a run that starts no workers leaves the job process the whole GPU."""
+        if ctx.devices.learn is None or not ctx.devices.learn.gpu:
+            return False
+        return self.cluster_kind == "scheduler" or (
+            self.cluster_kind == "local-cuda" and bool(WORKER_STAGES & set(ctx.stages))
+        )
 
     def warm(self, ctx: RunContext, client=None) -> None:
         """scikit-learn's estimators, imported in a thread here and by each worker that will fit (about 1 s

@@ -485,3 +485,7 @@ def test_more_local_cuda_workers_than_gpus_is_refused_in_preflight(
     assert not (tmp_path / "run").exists()
     job["runtime"]["n_workers"] = 1
     assert main([str(_job_file(tmp_path, job)), "--check"]) == 0
+    # two MIG instances of one GPU: CUDA lists one device to this process, dask-cuda starts a worker per entry
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-a,MIG-b")
+    job["runtime"]["n_workers"] = 2
+    assert main([str(_job_file(tmp_path, job)), "--check"]) == 0

@@ -33,19 +33,22 @@ def test_a_gpu_fit_goes_to_the_first_gpu_worker():
 
 
 @pytest.mark.parametrize(
-    ("stages", "gpu", "uses"),
+    ("kind", "stages", "gpu", "uses"),
     [
-        (("extract", "learn", "heads", "relevance", "explain"), True, True),  # the pools stay up for heads
-        (("extract", "learn", "explain"), True, True),
-        (("learn", "heads"), True, True),
-        (("learn", "explain"), True, False),  # no workers start: the job process has the GPU to itself
+        ("local-cuda", ("extract", "learn", "heads", "relevance", "explain"), True, True),  # pools up for heads
+        ("local-cuda", ("extract", "learn", "explain"), True, True),
+        ("local-cuda", ("learn", "heads"), True, True),
+        ("local-cuda", ("learn", "explain"), True, False),  # no workers start: the job process has the whole GPU
+        ("scheduler", ("learn", "explain"), True, True),  # an external cluster's pools are up whatever the stages
+        ("local", ("extract", "learn", "explain"), True, False),  # a LocalCluster's workers hold no pools
+        ("local-cuda", ("extract", "learn", "explain"), False, False),  # scikit-learn, no extra fits: here
     ],
 )
-def test_the_learn_stage_keeps_the_workers_for_a_gpu_fit(stages, gpu, uses):
+def test_the_learn_stage_keeps_the_workers_for_a_gpu_fit(kind, stages, gpu, uses):
     reduce, cluster = learn_sections(**{"cluster.k_sweep": None, "cluster.stability_seeds": 0})
     backend = LearnBackend("cuml", "test") if gpu else LearnBackend("sklearn", "test")
     ctx = SimpleNamespace(stages=stages, devices=SimpleNamespace(learn=backend, multi_gpu_learn=False))
-    assert LearnStage(reduce, cluster).uses_cluster(ctx) is uses
+    assert LearnStage(reduce, cluster, cluster_kind=kind).uses_cluster(ctx) is uses
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +134,7 @@ def test_a_job_with_heads_and_relevance_fits_on_a_worker_while_the_cluster_is_up
     monkeypatch.setattr(pipeline, "_start_cluster", started)
     monkeypatch.setattr(Runtime, "__exit__", closed)
     monkeypatch.setattr(fit_mod, "fit_worker", on_worker)
-    monkeypatch.setattr(LearnStage, "fits_on_a_gpu_worker", lambda self, ctx: True)  # as with cuML
+    monkeypatch.setattr(LearnStage, "fits_on_a_gpu_worker", lambda self, ctx: True)  # as with cuML on local-cuda
     heads = {
         "enabled": True,
         "metric": "retrieval",
@@ -153,3 +156,17 @@ def test_a_job_with_heads_and_relevance_fits_on_a_worker_while_the_cluster_is_up
         "explain (cluster not given)",
     ]
     assert summary["backend"]["learn_worker"].startswith("inproc://")  # make_job's workers are threads
+
+
+def test_a_fit_on_a_worker_keeps_why_it_was_not_spread(tmp_path, client, monkeypatch):
+    """A fit the device plan meant to spread, placed on one worker (one GPU among the workers), says why in the
+    store's learn attribute, which summary.json reads: the worker writes it, not the job process."""
+    g, _ = planted_store(tmp_path)
+    reduce, cluster = learn_sections()
+    worker = min(client.scheduler_info()["workers"])
+    monkeypatch.setattr(fit_mod, "gpu_ids", lambda c: {worker: "GPU-a"})
+    monkeypatch.setattr(fit_mod, "fit_worker", lambda backend, c, ids=None: worker if c is not None else None)
+    info = fit_store(g, reduce, cluster, LearnBackend("sklearn", "test"), client=client, multi_gpu=True)
+    assert info["multi_gpu_skipped"] == "1 distinct GPU(s) among the workers" and info["fit_worker"] == worker
+    stored = dict(zarr.open_group(str(tmp_path / "store.zarr"), mode="r").attrs["learn"])
+    assert stored["multi_gpu_skipped"] == info["multi_gpu_skipped"] and stored["fit_worker"] == worker

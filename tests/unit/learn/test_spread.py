@@ -239,4 +239,4 @@ def test_the_learn_stage_takes_the_cpu_workers_for_kmeans_extra_fits(overrides, 
         stages=stages,
         devices=SimpleNamespace(learn=LearnBackend("cuml" if gpu else "sklearn", "test"), multi_gpu_learn=False),
     )
-    assert LearnStage(reduce, cluster).uses_cluster(ctx) is uses
+    assert LearnStage(reduce, cluster, cluster_kind="local-cuda" if gpu else "local").uses_cluster(ctx) is uses
