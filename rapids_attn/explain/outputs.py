@@ -142,7 +142,7 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
             "learn_reason": learn.get("backend_reason"),
             "multi_gpu_learn": learn.get("multi_gpu", False),
             # where the multi-GPU fit's parts were (parts, rows per worker, distinct GPUs by UUID),
-            # or why a planned multi-GPU fit ran in the job process
+            # or why a planned multi-GPU fit ran on one GPU (a worker, or the job process)
             "multi_gpu_placement": learn.get("fit_placement"),
             "multi_gpu_skipped": learn.get("multi_gpu_skipped"),
             # the worker a single-GPU fit ran on, from its RMM pool (None: in the job process)
