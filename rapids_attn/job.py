@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rapids_attn.data.formats import FORMATS
+from rapids_attn.embed.registry import embedder_spec
 
 #: characters of a user's value an error line quotes (then "...", and its length).
 MAX_QUOTED = 120
@@ -279,7 +280,7 @@ class EmbedConfig(Section):
 
     @model_validator(mode="after")
     def _int8_backbones_only(self):
-        if self.precision == "int8" and self.name in ("pooled", "pattern-cnn"):
+        if self.precision == "int8" and not embedder_spec(self.name).int8:
             raise ValueError(
                 f"precision int8 applies to torchvision backbones (resnet18, resnet50, ...), not {self.name}; "
                 "use precision: auto"

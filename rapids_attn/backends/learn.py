@@ -32,17 +32,199 @@ def gpu_read(array, sl) -> Any:
     return array.get_basic_selection(sl, prototype=buffer_prototype)
 
 
-def _xp_for(name: str):
-    if name == "cuml":
+class EstimatorLibrary:
+    """A learn backend's library: its array module and the estimators it builds, with scikit-learn's API
+    (``fit`` / ``transform`` / ``predict`` / ``fit_predict``), which the learn stage calls whatever the library.
+
+    Adding a learn backend is one subclass registered in :data:`LIBRARIES` under the name
+    ``LearnBackend.name`` takes (:func:`rapids_attn.devices.resolve_learn_backend` decides which one a job
+    gets). Every method is a staticmethod: the library holds no state, and a :class:`LearnBackend` is
+    rebuilt from its name where it is unpickled. ``dask_pca`` and ``dask_kmeans`` are the multi-GPU fit's
+    (cuml.dask); a library without them refuses a spread fit."""
+
+    #: whether arrays live on a GPU (the backend's ``gpu``)
+    gpu: bool = False
+
+    @staticmethod
+    def array_module():
+        return np
+
+    @staticmethod
+    def read(array, sl, xp):
+        """A block of a zarr array as float32 on the library's device (``xp``: the backend's array module)."""
+        return np.asarray(array[sl], dtype=np.float32)
+
+    @staticmethod
+    def to_numpy(x, xp) -> np.ndarray:
+        return np.asarray(x)
+
+    @staticmethod
+    def pca(n_components: int, seed: int):
+        raise NotImplementedError
+
+    @staticmethod
+    def kmeans(n_clusters: int, seed: int):
+        raise NotImplementedError
+
+    @staticmethod
+    def dbscan(eps: float, min_samples: int):
+        raise NotImplementedError
+
+    @staticmethod
+    def hdbscan(min_cluster_size: int, min_samples: int):
+        raise NotImplementedError
+
+    @staticmethod
+    def umap(n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+        raise NotImplementedError
+
+    @staticmethod
+    def nearest_neighbors():
+        raise NotImplementedError
+
+    @staticmethod
+    def dask_pca(client, n_components: int):
+        raise BackendUnavailableError("runtime.learn_backend: a multi-GPU PCA needs cuML; set learn_backend to gpu")
+
+    @staticmethod
+    def dask_kmeans(client, n_clusters: int, seed: int):
+        raise BackendUnavailableError("runtime.learn_backend: a multi-GPU KMeans needs cuML; set learn_backend to gpu")
+
+
+class ScikitLearn(EstimatorLibrary):
+    """scikit-learn (and umap-learn) on NumPy arrays: the CPU backend."""
+
+    @staticmethod
+    def pca(n_components: int, seed: int):
+        from sklearn.decomposition import PCA
+
+        return PCA(n_components=n_components, random_state=seed)
+
+    @staticmethod
+    def kmeans(n_clusters: int, seed: int):
+        from sklearn.cluster import KMeans
+
+        return KMeans(**kmeans_args(n_clusters, seed))
+
+    @staticmethod
+    def dbscan(eps: float, min_samples: int):
+        from sklearn.cluster import DBSCAN
+
+        return DBSCAN(eps=eps, min_samples=min_samples)
+
+    @staticmethod
+    def hdbscan(min_cluster_size: int, min_samples: int):
+        from sklearn.cluster import HDBSCAN
+
+        # copy=True: the future default, named so scikit-learn 1.8+ does not print a FutureWarning into the run
+        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, copy=True)
+
+    @staticmethod
+    def umap(n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+        try:
+            from umap import UMAP
+        except ImportError:
+            raise BackendUnavailableError(
+                "reduce.umap.enabled: umap-learn is not installed; pip install umap-learn"
+            ) from None
+        return UMAP(
+            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
+        )
+
+    @staticmethod
+    def nearest_neighbors():
+        from sklearn.neighbors import NearestNeighbors
+
+        return NearestNeighbors(n_neighbors=1)
+
+
+class CuML(EstimatorLibrary):
+    """cuML on CuPy arrays: the GPU backend, and cuml.dask for the fit spread over GPU workers."""
+
+    gpu = True
+
+    @staticmethod
+    def array_module():
         import cupy
 
         return cupy
-    return np
+
+    @staticmethod
+    def read(array, sl, xp):
+        """On the GPU the block arrives as a CuPy array (:func:`gpu_read`: zarr's GPU buffers for this read only).
+        zarr decodes the chunks (zstd) on the host and copies the bytes to the device: no zarr release decodes
+        zstd on the GPU."""
+        return xp.asarray(gpu_read(array, sl), dtype=xp.float32)
+
+    @staticmethod
+    def to_numpy(x, xp) -> np.ndarray:
+        return x if isinstance(x, np.ndarray) else xp.asnumpy(x)
+
+    @staticmethod
+    def pca(n_components: int, seed: int):
+        from cuml.decomposition import PCA
+
+        return PCA(n_components=n_components)  # deterministic (full SVD / eigendecomposition): no seed
+
+    @staticmethod
+    def kmeans(n_clusters: int, seed: int):
+        from cuml.cluster import KMeans
+
+        return KMeans(**kmeans_args(n_clusters, seed))
+
+    @staticmethod
+    def dbscan(eps: float, min_samples: int):
+        from cuml.cluster import DBSCAN
+
+        return DBSCAN(eps=eps, min_samples=min_samples)
+
+    @staticmethod
+    def hdbscan(min_cluster_size: int, min_samples: int):
+        from cuml.cluster import HDBSCAN
+
+        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True)
+
+    @staticmethod
+    def umap(n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+        from cuml.manifold import UMAP
+
+        return UMAP(
+            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
+        )
+
+    @staticmethod
+    def nearest_neighbors():
+        from cuml.neighbors import NearestNeighbors
+
+        return NearestNeighbors(n_neighbors=1)
+
+    @staticmethod
+    def dask_pca(client, n_components: int):
+        """cuml.dask's PCA: its keyword arguments reach cuML's PCA on every worker."""
+        from cuml.dask.decomposition import PCA
+
+        return PCA(client=client, n_components=n_components)
+
+    @staticmethod
+    def dask_kmeans(client, n_clusters: int, seed: int):
+        """cuml.dask's KMeans: its keyword arguments reach cuML's KMeans on every worker."""
+        from cuml.dask.cluster import KMeans
+
+        return KMeans(client=client, **kmeans_args(n_clusters, seed))
+
+
+#: every learn backend, by the name ``LearnBackend.name`` takes: the one place a new backend is registered
+LIBRARIES: dict[str, type[EstimatorLibrary]] = {"sklearn": ScikitLearn, "cuml": CuML}
+
+
+def _xp_for(name: str):
+    return LIBRARIES[name].array_module()
 
 
 @dataclass
 class LearnBackend:
-    """Where the fit runs. ``name`` is "sklearn" or "cuml"; ``xp`` is numpy or cupy.
+    """Where the fit runs: ``name`` is a key of :data:`LIBRARIES` ("sklearn" or "cuml"), ``xp`` its array
+    module (numpy or cupy). Its estimators and reads are the library's (:class:`EstimatorLibrary`).
 
     Picklable (it travels to the workers of a multi-GPU fit): the array module is looked up again
     where it is unpickled."""
@@ -55,102 +237,49 @@ class LearnBackend:
         return _restore_backend, (self.name, self.reason)
 
     @property
+    def library(self) -> type[EstimatorLibrary]:
+        return LIBRARIES[self.name]
+
+    @property
     def gpu(self) -> bool:
-        return self.name == "cuml"
+        return self.library.gpu
 
     # -- arrays ---------------------------------------------------------------------------------
     def read(self, array, sl) -> Any:
-        """Read a block of a zarr array as float32 on the backend's device.
-
-        On the GPU the block arrives as a CuPy array (:func:`gpu_read`: zarr's GPU buffers for this read only).
-        zarr decodes the chunks (zstd) on the host and copies the bytes to the device: no zarr release decodes
-        zstd on the GPU.
-        """
-        if not self.gpu:
-            return np.asarray(array[sl], dtype=np.float32)
-        return self.xp.asarray(gpu_read(array, sl), dtype=self.xp.float32)
+        """Read a block of a zarr array as float32 on the backend's device (:meth:`EstimatorLibrary.read`)."""
+        return self.library.read(array, sl, self.xp)
 
     def asarray(self, x) -> Any:
         return self.xp.asarray(x, dtype=self.xp.float32)
 
     def to_numpy(self, x) -> np.ndarray:
-        if self.gpu and not isinstance(x, np.ndarray):
-            return self.xp.asnumpy(x)
-        return np.asarray(x)
+        return self.library.to_numpy(x, self.xp)
 
     # -- estimators (one process: the job's, or one worker's) ------------------------------------
     def pca(self, n_components: int, seed: int):
-        if self.gpu:
-            from cuml.decomposition import PCA
-
-            return PCA(n_components=n_components)  # deterministic (full SVD / eigendecomposition): no seed
-        from sklearn.decomposition import PCA
-
-        return PCA(n_components=n_components, random_state=seed)
+        return self.library.pca(n_components, seed)
 
     def kmeans(self, n_clusters: int, seed: int):
-        if self.gpu:
-            from cuml.cluster import KMeans
-        else:
-            from sklearn.cluster import KMeans
-        return KMeans(**kmeans_args(n_clusters, seed))
+        return self.library.kmeans(n_clusters, seed)
 
     def dbscan(self, eps: float, min_samples: int):
-        if self.gpu:
-            from cuml.cluster import DBSCAN
-        else:
-            from sklearn.cluster import DBSCAN
-        return DBSCAN(eps=eps, min_samples=min_samples)
+        return self.library.dbscan(eps, min_samples)
 
     def hdbscan(self, min_cluster_size: int, min_samples: int):
-        if self.gpu:
-            from cuml.cluster import HDBSCAN
-
-            return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True)
-        from sklearn.cluster import HDBSCAN
-
-        # copy=True: the future default, named so scikit-learn 1.8+ does not print a FutureWarning into the run
-        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, copy=True)
+        return self.library.hdbscan(min_cluster_size, min_samples)
 
     def umap(self, n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
-        if self.gpu:
-            from cuml.manifold import UMAP
-        else:
-            try:
-                from umap import UMAP
-            except ImportError:
-                raise BackendUnavailableError(
-                    "reduce.umap.enabled: umap-learn is not installed; pip install umap-learn"
-                ) from None
-        return UMAP(
-            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
-        )
+        return self.library.umap(n_components, n_neighbors, min_dist, metric, seed)
 
     def nearest_neighbors(self):
-        if self.gpu:
-            from cuml.neighbors import NearestNeighbors
-        else:
-            from sklearn.neighbors import NearestNeighbors
-        return NearestNeighbors(n_neighbors=1)
+        return self.library.nearest_neighbors()
 
     # -- estimators spread over the GPU workers of a Dask cluster (cuml.dask) ---------------------
     def dask_pca(self, client, n_components: int):
-        """cuml.dask's PCA: its keyword arguments reach cuML's PCA on every worker."""
-        self._need_gpu("a multi-GPU PCA")
-        from cuml.dask.decomposition import PCA
-
-        return PCA(client=client, n_components=n_components)
+        return self.library.dask_pca(client, n_components)
 
     def dask_kmeans(self, client, n_clusters: int, seed: int):
-        """cuml.dask's KMeans: its keyword arguments reach cuML's KMeans on every worker."""
-        self._need_gpu("a multi-GPU KMeans")
-        from cuml.dask.cluster import KMeans
-
-        return KMeans(client=client, **kmeans_args(n_clusters, seed))
-
-    def _need_gpu(self, what: str) -> None:
-        if not self.gpu:
-            raise BackendUnavailableError(f"runtime.learn_backend: {what} needs cuML; set learn_backend to gpu")
+        return self.library.dask_kmeans(client, n_clusters, seed)
 
     # -- scores ----------------------------------------------------------------------------------
     def silhouette(self, x, labels, sample: int, seed: int) -> float | None:

@@ -319,7 +319,7 @@ class Extractor:
     def _check_finite(self, stats: np.ndarray, idx: list[int], examples: list[Example]) -> None:
         """Refuse, in one line naming the layer and the dtype, a batch whose maps are not finite (a model that
         overflows half precision): read off the statistics the batch already copied to the host
-        (:func:`rapids_attn.extract.maps.first_not_finite`), so the capture adds no operation or sync on the
+        (:func:`rapids_attn.extract.signature.first_not_finite`), so the capture adds no operation or sync on the
         device. Raised before the shard is written: nothing of it is stored."""
         bad = first_not_finite(stats)
         if bad is None:
