@@ -150,13 +150,11 @@ class LearnStage(Stage):
         return extra and not ctx.devices.learn.gpu and bool(WORKER_STAGES & set(ctx.stages))
 
     def run(self, ctx: RunContext, client=None) -> LearnResult:
-        import zarr
-
         from rapids_attn.learn.fit import fit_store
+        from rapids_attn.stagekit import open_for_run
         from rapids_attn.store.zarr_store import consolidate
 
-        g = zarr.open_group(str(ctx.store_path), mode="r+")
-        self.require_complete(g, ctx.store_path)
+        g = open_for_run(self, ctx, rewrite=False)  # fit_store clears the flag where the fit runs (here, or a worker)
         threads = contextlib.nullcontext()
         if not ctx.devices.learn.gpu:  # this process's own fits on the user's threads (runtime.job_threadpools)
             from rapids_attn.learn.kmeans_fits import import_estimators
