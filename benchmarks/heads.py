@@ -63,7 +63,7 @@ def measure(args) -> dict:
     import torch
 
     from rapids_attn.data import read_examples
-    from rapids_attn.extract.model import _load_config, describe_model
+    from rapids_attn.extract.model import describe_model, load_config
     from rapids_attn.heads.metrics import auto_metric
     from rapids_attn.heads.work import HeadsTask, HeadsWorker
     from rapids_attn.job import ModelConfig
@@ -71,7 +71,7 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     mcfg = ModelConfig(name=args.model)
     info = describe_model(mcfg, check_files=False)
-    metric = args.metric if args.metric != "auto" else auto_metric(_load_config(mcfg)[1], "squad")
+    metric = args.metric if args.metric != "auto" else auto_metric(load_config(mcfg)[1], "squad")
     max_length = args.max_length or info.max_length  # the stage: heads.max_length or the model's limit
     examples = read_examples(args.data, format="squad", sample=args.questions, seed=args.seed)
     L, H = info.n_layers, info.n_heads

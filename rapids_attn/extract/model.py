@@ -185,7 +185,8 @@ def resolve_attention(choice: str, config, name: str) -> str:
     return "blocked" if choice in ("auto", "blocked") and ok else "eager"
 
 
-def _load_config(cfg):
+def load_config(cfg):
+    """The model's source (its resolved name or folder) and its transformers config; ModelError when unreadable."""
     from transformers import AutoConfig
 
     source = resolve_model_name(cfg.name)
@@ -221,7 +222,7 @@ def dtype_name(value) -> str | None:
 def checkpoint_dtype(cfg) -> str | None:
     """The dtype the model's config says its weights were saved in (``dtype``; transformers reads an older config's
     ``torch_dtype`` into it), or None where it names none: what ``model.dtype: auto`` follows on a GPU."""
-    _, config = _load_config(cfg)
+    _, config = load_config(cfg)
     return dtype_name(getattr(config, "dtype", None))
 
 
@@ -250,7 +251,7 @@ def describe_model(cfg, check_files: bool = True, sample: str | None = None, att
     that reads ``sample``, the dataset's first text, as nothing but unknown tokens) and read the
     weights' headers (:func:`check_weights`), so that a run refuses, before any worker starts, what
     the workers could not load."""
-    source, config = _load_config(cfg)
+    source, config = load_config(cfg)
     n_layers = getattr(config, "num_hidden_layers", None)
     n_heads = getattr(config, "num_attention_heads", None)
     if not n_layers or not n_heads:
@@ -348,7 +349,7 @@ def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str
 
     from rapids_attn.extract.blocked import register
 
-    source, config = _load_config(cfg)
+    source, config = load_config(cfg)
     mode = resolve_attention(attention, config, cfg.name)
     want = register(resolve_base(base, config)) if mode == "blocked" else "eager"
     try:

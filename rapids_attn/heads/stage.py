@@ -118,9 +118,9 @@ class HeadsStage(Stage):
 
     def _config(self):
         if getattr(self, "_model_config", None) is None:
-            from rapids_attn.extract.model import _load_config
+            from rapids_attn.extract.model import load_config
 
-            self._model_config = _load_config(self.model_cfg)[1]
+            self._model_config = load_config(self.model_cfg)[1]
         return self._model_config
 
     def metric_name(self, ctx: RunContext) -> str:
