@@ -17,7 +17,7 @@ import numpy as np
 from rapids_attn.explain.findings import ClusterFinding, ExemplarRef, GroupShare, HeadShare, LayerShare, SignatureItem
 
 if TYPE_CHECKING:
-    from rapids_attn.explain.describe import _Examples, _Maps, _Sums
+    from rapids_attn.explain.describe import Examples, Maps, Sums
 
 
 def _span(layers: list[int]) -> str:
@@ -27,7 +27,7 @@ def _span(layers: list[int]) -> str:
     return ("layer " if len(layers) == 1 else "layers ") + ", ".join(map(str, layers))
 
 
-def _signature(i: int, maps: _Maps, sums: _Sums, words: dict[str, str]) -> list[SignatureItem]:
+def _signature(i: int, maps: Maps, sums: Sums, words: dict[str, str]) -> list[SignatureItem]:
     """The three stats whose cluster mean differs most from the overall mean, in standard deviations
     (a stat that no map of the cluster defines has no z and is never among them)."""
     z = (sums.means[i] - sums.overall) / sums.std
@@ -44,7 +44,7 @@ def _signature(i: int, maps: _Maps, sums: _Sums, words: dict[str, str]) -> list[
     ]
 
 
-def _where(maps: _Maps, occ_counts: np.ndarray, occupancy: np.ndarray, size: int):
+def _where(maps: Maps, occ_counts: np.ndarray, occupancy: np.ndarray, size: int):
     """The cluster's top heads and layers, and a sentence naming the layers that hold most of it."""
     nh = maps.n_heads
     share_of_cluster = occ_counts / max(size, 1)
@@ -75,7 +75,7 @@ def _where(maps: _Maps, occ_counts: np.ndarray, occupancy: np.ndarray, size: int
     return top_heads, top_layers, f"mostly {_span(main_layers)} ({cum:.0%} of its maps); top heads {heads_txt}"
 
 
-def _composition(members: np.ndarray, ex: _Examples, group_dominance: float):
+def _composition(members: np.ndarray, ex: Examples, group_dominance: float):
     """Shares of the cluster's maps by example group (the top one), by label, and by pattern type."""
     size = max(len(members), 1)
     of_ex = ex.of_map[members]
@@ -109,10 +109,10 @@ def exemplar_picks(members: np.ndarray, near: list[int], m: int, rng: np.random.
 def describe_cluster(
     i: int,
     members: np.ndarray,
-    maps: _Maps,
-    sums: _Sums,
+    maps: Maps,
+    sums: Sums,
     occ: tuple[np.ndarray, np.ndarray],
-    ex: _Examples,
+    ex: Examples,
     words: dict[str, str],
     cfg,
     refs: list[ExemplarRef],

@@ -74,7 +74,7 @@ def stat_labels(stat_names: list[str], tokenizer=None) -> dict[str, str]:
 
 
 @dataclass
-class _Maps:
+class Maps:
     """The clustered store's shape and every map's cluster, flat in store order (example-major)."""
 
     n_examples: int
@@ -105,14 +105,14 @@ class _Maps:
             yield start, min(start + self.chunk, self.n_examples)
 
 
-def _read_maps(g) -> _Maps:
+def _read_maps(g) -> Maps:
     cl = g[S.CLUSTER]
     e, nl, nh = cl.shape
     labels = np.asarray(cl[:], dtype=np.int64).reshape(-1)
     ids = sorted(int(c) for c in np.unique(labels))
     lut = np.zeros(max(ids) + 2, dtype=np.int64)  # cluster id (-1 = noise) -> row 0..k-1
     lut[np.asarray(ids) + 1] = np.arange(len(ids))
-    return _Maps(
+    return Maps(
         n_examples=e,
         n_layers=nl,
         n_heads=nh,
@@ -127,7 +127,7 @@ def _read_maps(g) -> _Maps:
 
 
 @dataclass
-class _Sums:
+class Sums:
     """Per-cluster totals from the accumulation pass."""
 
     counts: np.ndarray  # [k] maps
@@ -138,7 +138,7 @@ class _Sums:
     thumb_sum: np.ndarray | None  # [k, t, t]; None without thumbnails
 
 
-def _accumulate(g, maps: _Maps) -> _Sums:
+def _accumulate(g, maps: Maps) -> Sums:
     """One chunked pass: stat sums and squares, thumbnail sums, and centres in the reduced space."""
     k, n_stats = maps.k, len(maps.stat_names)
     has_thumbs = S.THUMBNAILS in g
@@ -167,7 +167,7 @@ def _accumulate(g, maps: _Maps) -> _Sums:
         overall = stat_sum.sum(0) / n
         means = stat_sum / stat_n
         std = np.sqrt(np.maximum(stat_sq / n - overall**2, 1e-24))
-    return _Sums(
+    return Sums(
         counts=counts,
         means=means,
         overall=overall,
@@ -177,7 +177,7 @@ def _accumulate(g, maps: _Maps) -> _Sums:
     )
 
 
-def _nearest(g, maps: _Maps, centre: np.ndarray, n_near: int) -> dict[int, list[int]]:
+def _nearest(g, maps: Maps, centre: np.ndarray, n_near: int) -> dict[int, list[int]]:
     """A second chunked pass: per cluster row, the n_near maps (flat indices) nearest its centre, nearest first."""
     red = g[S.REDUCED]
     best: dict[int, list[tuple[float, int]]] = {c: [] for c in range(maps.k)}
@@ -192,7 +192,7 @@ def _nearest(g, maps: _Maps, centre: np.ndarray, n_near: int) -> dict[int, list[
     return {c: [idx for _, idx in v] for c, v in best.items()}
 
 
-def _occupancy(maps: _Maps) -> tuple[np.ndarray, np.ndarray, HeadTable]:
+def _occupancy(maps: Maps) -> tuple[np.ndarray, np.ndarray, HeadTable]:
     """Maps per (cluster, layer, head), each head's share in each cluster, and the per-head table."""
     k, per_ex = maps.k, maps.per_ex
     lh = np.tile(np.arange(per_ex), maps.n_examples)
@@ -206,7 +206,7 @@ def _occupancy(maps: _Maps) -> tuple[np.ndarray, np.ndarray, HeadTable]:
     return occ_counts, occupancy, HeadTable(dominant_cluster=dominant, consistency=consistency.round(4))
 
 
-def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
+def _head_detectors(g, maps: Maps) -> tuple[HeadDetectors, np.ndarray]:
     """Per-head means of each of the store's detectors over the examples where it is defined (NaN: none;
     TransformerLens's scores are defined on every example, the conditional ones where a row has a target).
 
@@ -231,7 +231,7 @@ def _head_detectors(g, maps: _Maps) -> tuple[HeadDetectors, np.ndarray]:
 
 
 @dataclass
-class _Examples:
+class Examples:
     """Example-level metadata, and each map's example and pattern type."""
 
     ids: np.ndarray  # [examples] str
@@ -247,13 +247,13 @@ class _Examples:
     patterns: np.ndarray | None  # [maps] index into pattern_classes
 
 
-def _examples(g, maps: _Maps) -> _Examples:
+def _examples(g, maps: Maps) -> Examples:
     groups = S.read_strings(g[S.EXAMPLE_GROUP])
     labels = S.read_strings(g[S.EXAMPLE_LABEL])
     group_codes, group_inv = np.unique(groups, return_inverse=True)
     label_codes, label_inv = np.unique(labels, return_inverse=True)
     pattern_classes = [str(c) for c in g.attrs.get(S.Attr.PATTERN_CLASSES, [])] if S.PATTERN in g else []
-    return _Examples(
+    return Examples(
         ids=S.read_strings(g[S.EXAMPLE_ID]),
         groups=groups,
         labels=labels,
@@ -272,7 +272,7 @@ def _examples(g, maps: _Maps) -> _Examples:
 # the figures' arrays, and the whole
 
 
-def _exemplar_thumbs(g, maps: _Maps, picks: list[list[int]], m: int) -> np.ndarray | None:
+def _exemplar_thumbs(g, maps: Maps, picks: list[list[int]], m: int) -> np.ndarray | None:
     """[cluster, m, t, t] thumbnails of the picked maps, NaN in unused slots; None without thumbnails."""
     if S.THUMBNAILS not in g:
         return None
@@ -286,7 +286,7 @@ def _exemplar_thumbs(g, maps: _Maps, picks: list[list[int]], m: int) -> np.ndarr
     return out
 
 
-def _scatter(g, maps: _Maps, rng: np.random.Generator, size: int) -> ScatterSample:
+def _scatter(g, maps: Maps, rng: np.random.Generator, size: int) -> ScatterSample:
     """A seeded sample of maps in the learn stage's 2-D coordinates."""
     n = len(maps.labels)
     samp = rng.choice(n, min(n, size), replace=False)
