@@ -6,11 +6,13 @@ rendering is headless and thread-safe whatever backend is configured, there is n
 state to leak or close, and the backend a caller (a notebook, say) has chosen is left alone.
 
 Cluster colours come from :func:`cluster_colors`, so a cluster has the same colour in the scatter
-and in the dominant-cluster grid.
+and in the dominant-cluster grid. :class:`FigureFiles` holds the names of a report's figures, which
+:mod:`rapids_attn.explain.report` renders and :mod:`rapids_attn.explain.sections` links to.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,17 +38,38 @@ THUMB_GAMMA = 0.5
 MAX_ANNOTATED_CELLS = 400
 
 
+@dataclass
+class FigureFiles:
+    """File names of the rendered figures, relative to the report folder."""
+
+    grid: str
+    detectors: str
+    scatter: dict[str, str] = field(default_factory=dict)  # "cluster" / "layer"; empty without arrays
+    occupancy: dict[int, str] = field(default_factory=dict)  # by cluster position in Findings.clusters
+    montage: dict[int, str] = field(default_factory=dict)  # likewise; empty without thumbnails
+    k_sweep: str | None = None  # None when the learn stage ran no sweep
+    #: each report section's figures (the heads stage's heatmaps and pruning curves, ...), in the sections' order
+    sections: list[list[str]] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        """Every figure file named here."""
+        names = [*self.scatter.values(), *self.occupancy.values(), *self.montage.values(), self.grid, self.detectors]
+        return names + ([self.k_sweep] if self.k_sweep else []) + [n for figs in self.sections for n in figs]
+
+
 # ---------------------------------------------------------------------------------------------
 # helpers
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
+    """A figure of this size in inches on its own Agg canvas (no pyplot state)."""
     fig = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(fig)
     return fig
 
 
-def _save(fig: Figure, out_dir, name: str) -> str:
+def save(fig: Figure, out_dir, name: str) -> str:
+    """Write ``fig`` as ``out_dir/name`` (PNG) and return ``name``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / name, dpi=DPI, format="png", bbox_inches="tight", pad_inches=0.1)
@@ -78,7 +101,8 @@ def _text_color(rgba) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 
-def _grid_axes(ax, layers, heads):
+def grid_axes(ax, layers, heads):
+    """Label a layer-by-head grid's axes and draw white lines between its cells."""
     ax.set_xticks(range(len(heads)))
     ax.set_xticklabels([str(h) for h in heads], fontsize=7 if len(heads) > 16 else 8)
     ax.set_yticks(range(len(layers)))
@@ -91,14 +115,16 @@ def _grid_axes(ax, layers, heads):
     ax.tick_params(which="minor", length=0)
 
 
-def _grid_size(n_layers: int, n_heads: int, panels: int = 1) -> tuple[float, float]:
+def grid_size(n_layers: int, n_heads: int, panels: int = 1) -> tuple[float, float]:
+    """The size in inches of a figure with ``panels`` layer-by-head grids side by side."""
     cell = 0.42 if n_layers * n_heads <= 400 else max(0.12, 0.42 * (400 / (n_layers * n_heads)) ** 0.5)
     w = min(18.0, max(3.5, n_heads * cell + 1.6)) * panels
     h = min(14.0, max(2.4, n_layers * cell + 1.2))
     return w, h
 
 
-def _finite_max(a: np.ndarray) -> float:
+def finite_max(a: np.ndarray) -> float:
+    """The largest finite value of ``a``; 0 when it has none."""
     a = np.asarray(a, dtype=np.float64)
     finite = a[np.isfinite(a)]
     return float(finite.max()) if finite.size else 0.0
@@ -106,7 +132,7 @@ def _finite_max(a: np.ndarray) -> float:
 
 def _show_thumb(ax, thumb, title: str, fontsize: float = 8):
     t = np.asarray(thumb, dtype=np.float64)
-    m = _finite_max(t)
+    m = finite_max(t)
     ax.imshow(
         t / m if m > 0 else np.zeros_like(t),
         cmap=THUMB_CMAP,
@@ -140,7 +166,7 @@ def scatter_png(
     # draw in a fixed random order so a big cluster does not bury the small ones drawn before it
     order = np.random.default_rng(0).permutation(n)
     size = 3.0 if n > 5000 else 6.0 if n > 1000 else 12.0
-    fig = _new_figure(6.4, 5.2)
+    fig = new_figure(6.4, 5.2)
     ax = fig.add_subplot(1, 1, 1)
     if color_by == "cluster":
         ids = list(colors) if colors else sorted(set(values.tolist()), key=lambda c: (c == -1, c))
@@ -195,7 +221,7 @@ def scatter_png(
     ax.set_xlabel(f"{label} 1")
     ax.set_ylabel(f"{label} 2")
     ax.tick_params(labelsize=8)
-    return _save(fig, out_dir, f"scatter_{color_by}.png")
+    return save(fig, out_dir, f"scatter_{color_by}.png")
 
 
 def dominant_grid_png(
@@ -212,11 +238,11 @@ def dominant_grid_png(
     rgba = np.array([[cmap.get(int(v), UNKNOWN_COLOR) for v in row] for row in dom]).reshape(n_layers, n_heads, 4)
     annotate = n_layers * n_heads <= MAX_ANNOTATED_CELLS
     fs = 8 if n_heads <= 12 else 6
-    w, h = _grid_size(n_layers, n_heads, panels=2)
-    fig = _new_figure(w, h)
+    w, h = grid_size(n_layers, n_heads, panels=2)
+    fig = new_figure(w, h)
     ax1 = fig.add_subplot(1, 2, 1)
     ax1.imshow(rgba, aspect="equal", interpolation="nearest")
-    _grid_axes(ax1, layers, heads)
+    grid_axes(ax1, layers, heads)
     ax1.set_title("dominant cluster of each head", fontsize=10)
     if annotate:
         for i in range(n_layers):
@@ -232,7 +258,7 @@ def dominant_grid_png(
                 )
     ax2 = fig.add_subplot(1, 2, 2)
     im = ax2.imshow(cons, cmap="Greys", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
-    _grid_axes(ax2, layers, heads)
+    grid_axes(ax2, layers, heads)
     ax2.grid(which="minor", color="#cccccc", linewidth=0.6)
     ax2.set_title("consistency (1 = same cluster on every example)", fontsize=10)
     if annotate:
@@ -250,7 +276,7 @@ def dominant_grid_png(
                     )
     cb = fig.colorbar(im, ax=ax2, fraction=0.04, pad=0.02)
     cb.set_label("consistency")
-    return _save(fig, out_dir, "dominant_grid.png")
+    return save(fig, out_dir, "dominant_grid.png")
 
 
 def occupancy_png(out_dir, k_index: int, occupancy, layers, heads, *, cluster_id: int | None = None) -> str:
@@ -258,11 +284,11 @@ def occupancy_png(out_dir, k_index: int, occupancy, layers, heads, *, cluster_id
     the same scale for every cluster)."""
     occ = np.asarray(occupancy, dtype=np.float64)
     n_layers, n_heads = occ.shape
-    w, h = _grid_size(n_layers, n_heads)
-    fig = _new_figure(w + 0.8, h)
+    w, h = grid_size(n_layers, n_heads)
+    fig = new_figure(w + 0.8, h)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(occ, cmap="magma_r", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
-    _grid_axes(ax, list(layers), list(heads))
+    grid_axes(ax, list(layers), list(heads))
     ax.grid(which="minor", color="#dddddd", linewidth=0.6)
     name = "noise" if cluster_id == -1 else f"cluster {cluster_id if cluster_id is not None else k_index}"
     ax.set_title(f"{name}: share of each head's maps", fontsize=10)
@@ -283,7 +309,7 @@ def occupancy_png(out_dir, k_index: int, occupancy, layers, heads, *, cluster_id
                     )
     cb = fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
     cb.set_label("share of the head's maps")
-    return _save(fig, out_dir, f"occupancy_{k_index:02d}.png")
+    return save(fig, out_dir, f"occupancy_{k_index:02d}.png")
 
 
 def montage_png(
@@ -298,7 +324,7 @@ def montage_png(
     cols = max(1, min(6, int(np.ceil(m / 2)))) if m else 0  # two rows beside the mean map
     rows = int(np.ceil(m / cols)) if m else 0
     rows_grid = max(2, rows)
-    fig = _new_figure(2.6 + 1.25 * cols, max(2.9, 1.3 * rows_grid + 0.3))
+    fig = new_figure(2.6 + 1.25 * cols, max(2.9, 1.3 * rows_grid + 0.3))
     gs = fig.add_gridspec(rows_grid, 2 + cols, width_ratios=[1, 1] + [1] * cols, wspace=0.25, hspace=0.45)
     ax = fig.add_subplot(gs[0:2, 0:2])
     name = "noise" if cluster_id == -1 else f"cluster {cluster_id if cluster_id is not None else k_index}"
@@ -326,7 +352,7 @@ def montage_png(
         fontsize=7,
         color="#444444",
     )
-    return _save(fig, out_dir, f"montage_{k_index:02d}.png")
+    return save(fig, out_dir, f"montage_{k_index:02d}.png")
 
 
 def k_sweep_png(out_dir, k_sweep: KSweep) -> str:
@@ -339,7 +365,7 @@ def k_sweep_png(out_dir, k_sweep: KSweep) -> str:
             v = np.array([np.nan if x is None else x for x in vals], dtype=np.float64)
             series.append((key, label, v))
     chosen = k_sweep.chosen
-    fig = _new_figure(6.0, 2.3 * max(1, len(series)) + 0.4)
+    fig = new_figure(6.0, 2.3 * max(1, len(series)) + 0.4)
     axes = [fig.add_subplot(len(series) or 1, 1, i + 1) for i in range(max(1, len(series)))]
     for ax, (key, label, v) in zip(axes, series):
         ax.plot(k, v, marker="o", markersize=4, color="#1f77b4" if key == "inertia" else "#2ca02c")
@@ -359,7 +385,7 @@ def k_sweep_png(out_dir, k_sweep: KSweep) -> str:
         for ax in axes:
             ax.set_xticks(k if len(k) <= 20 else k[:: int(np.ceil(len(k) / 20))])
     fig.tight_layout()
-    return _save(fig, out_dir, "k_sweep.png")
+    return save(fig, out_dir, "k_sweep.png")
 
 
 def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str:
@@ -369,14 +395,14 @@ def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str
     n = len(names)
     first = np.asarray(scores[names[0]], dtype=np.float64)
     n_layers, n_heads = first.shape
-    w, h = _grid_size(n_layers, n_heads, panels=n)
-    fig = _new_figure(w + 0.6 * n, h)
+    w, h = grid_size(n_layers, n_heads, panels=n)
+    fig = new_figure(w + 0.6 * n, h)
     for i, name in enumerate(names):
         ax = fig.add_subplot(1, n, i + 1)
         v = np.asarray(scores[name], dtype=np.float64)
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#cccccc")  # NaN: undefined for that head
         im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
-        _grid_axes(ax, list(layers), list(heads))
+        grid_axes(ax, list(layers), list(heads))
         ax.set_title(name, fontsize=10)
         if n_layers * n_heads <= MAX_ANNOTATED_CELLS:
             for r in range(n_layers):
@@ -392,4 +418,4 @@ def detectors_png(out_dir, scores: dict, names: list[str], layers, heads) -> str
                             color="black" if v[r, c] > 0.6 else "white",
                         )
         fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
-    return _save(fig, out_dir, "detectors.png")
+    return save(fig, out_dir, "detectors.png")

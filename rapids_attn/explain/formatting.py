@@ -1,10 +1,10 @@
 """The report's HTML formatting helpers: escaping, numbers, percentages, p-values, durations, names.
 
 Small pure functions that turn one value into safe HTML text, shared by the page assembly
-(:mod:`rapids_attn.explain.report`) and the section renderers (:mod:`rapids_attn.explain.sections`);
-kept apart so that both format a number, a p-value or a cluster's name the same way. Everything that
-comes from the data goes through :func:`_e` (HTML-escape). The names keep their leading underscore:
-they are the explain package's own, not an API.
+(:mod:`rapids_attn.explain.report`), the section renderers (:mod:`rapids_attn.explain.sections`) and the
+stages' report sections (:mod:`rapids_attn.explain.heads`, :mod:`rapids_attn.explain.relevance`); kept
+apart so that all of them format a number, a p-value or a cluster's name the same way. Everything that
+comes from the data goes through :func:`esc` (HTML-escape).
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ import math
 from urllib.parse import quote
 
 
-def _e(x) -> str:
+def esc(x) -> str:
     """HTML-escape anything (None -> empty)."""
     return html.escape("" if x is None else str(x), quote=True)
 
 
-def _is_nan(x) -> bool:
+def is_nan(x) -> bool:
+    """Whether x is a float NaN or infinity (what the report writes as n/a)."""
     return isinstance(x, float) and not math.isfinite(x)
 
 
-def _num(x, digits: int = 3) -> str:
+def num(x, digits: int = 3) -> str:
     """A readable number: ints with thousands separators, floats to ``digits`` significant figures."""
-    if x is None or _is_nan(x):
+    if x is None or is_nan(x):
         return "n/a"
     if isinstance(x, bool):
         return "yes" if x else "no"
@@ -49,14 +50,16 @@ def _num(x, digits: int = 3) -> str:
     return str(x)
 
 
-def _pct(x) -> str:
-    if x is None or _is_nan(x):
+def pct(x) -> str:
+    """A share as a percentage to one decimal (0.123 -> 12.3%)."""
+    if x is None or is_nan(x):
         return "n/a"
     return f"{100 * float(x):.1f}%"
 
 
-def _pval(p) -> str:
-    if p is None or _is_nan(p):
+def pval(p) -> str:
+    """A p-value to three significant figures, in scientific notation below 1e-4."""
+    if p is None or is_nan(p):
         return "n/a"
     p = float(p)
     if p == 0:
@@ -64,8 +67,9 @@ def _pval(p) -> str:
     return f"{p:.3g}" if p >= 1e-4 else f"{p:.1e}"
 
 
-def _seconds(s) -> str:
-    if s is None or _is_nan(s):
+def seconds(s) -> str:
+    """A duration in seconds as seconds, minutes or hours."""
+    if s is None or is_nan(s):
         return "n/a"
     s = float(s)
     if s < 120:
@@ -77,25 +81,29 @@ def _seconds(s) -> str:
     return f"{int(h)} h {int(m)} min"
 
 
-def _words(key: str) -> str:
+def words(key: str) -> str:
+    """A key with its underscores as spaces."""
     return str(key).replace("_", " ")
 
 
-def _cluster_name(cid) -> str:
+def cluster_name(cid) -> str:
+    """A cluster's name in the text ("cluster 3", or "noise" for -1)."""
     return "noise" if cid == -1 else f"cluster {cid}"
 
 
-def _anchor(cid) -> str:
+def anchor(cid) -> str:
+    """The id of a cluster's section on the page, for links to it."""
     return "cluster-noise" if cid == -1 else f"cluster-{int(cid)}"
 
 
-def _value_text(v) -> str:
+def value_text(v) -> str:
+    """A setting's value as text: lists comma-separated, booleans yes/no, numbers by :func:`num`."""
     if isinstance(v, (list, tuple)):
-        return ", ".join(_value_text(x) for x in v)
+        return ", ".join(value_text(x) for x in v)
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, (int, float)) or hasattr(v, "item"):
-        return _num(v)
+        return num(v)
     return "" if v is None else str(v)
 
 
@@ -110,22 +118,25 @@ def _flatten(mapping: dict, prefix: str = "") -> list[tuple[str, object]]:
     return out
 
 
-def _kv_rows(mapping: dict, skip=lambda key: False) -> str:
+def kv_rows(mapping: dict, skip=lambda key: False) -> str:
+    """Table rows of a nested mapping's dotted keys and values, less the keys ``skip`` accepts."""
     rows = []
     for key, v in _flatten(mapping):
         if skip(key):
             continue
-        rows.append(f"<tr><th>{_e(_words(key))}</th><td>{_e(_value_text(v))}</td></tr>")
+        rows.append(f"<tr><th>{esc(words(key))}</th><td>{esc(value_text(v))}</td></tr>")
     return "\n".join(rows)
 
 
-def _img(name: str | None, alt: str, cls: str = "") -> str:
+def img(name: str | None, alt: str, cls: str = "") -> str:
+    """An ``<img>`` of a figure file in the report folder; empty without one."""
     if not name:
         return ""
     c = f' class="{cls}"' if cls else ""
-    return f'<img src="{_e(quote(name))}" alt="{_e(alt)}"{c}>'
+    return f'<img src="{esc(quote(name))}" alt="{esc(alt)}"{c}>'
 
 
-def _swatch(cid: int, colors: dict) -> str:
+def swatch(cid: int, colors: dict) -> str:
+    """A small square in a cluster's colour."""
     rgb = "".join(f"{int(255 * v):02x}" for v in colors[cid][:3])
     return f'<span class="swatch" style="background:#{rgb}"></span>'

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rapids_attn.explain.formatting import _e, _img, _num
+from rapids_attn.explain.formatting import esc, img, num
 
 #: figure file names (the report's clean-up keeps only the names it wrote)
 FIGURES = ("head_importance.png", "pruning.png")
@@ -109,26 +109,26 @@ def figures(out_dir, info: dict) -> list[str]:
     names = []
     if panels:
         n_layers, n_heads = panels[0][1].shape
-        w, h = F._grid_size(n_layers, n_heads, panels=1)
+        w, h = F.grid_size(n_layers, n_heads, panels=1)
         cols = min(3, len(panels))
         rows = -(-len(panels) // cols)
-        fig = F._new_figure((w + 0.8) * cols, h * rows)
+        fig = F.new_figure((w + 0.8) * cols, h * rows)
         for i, (title, v, cmap, centred) in enumerate(panels):
             ax = fig.add_subplot(rows, cols, i + 1)
-            lim = F._finite_max(np.abs(v)) or 1.0
+            lim = F.finite_max(np.abs(v)) or 1.0
             kw = {"vmin": -lim, "vmax": lim} if centred else {}
             im = ax.imshow(np.ma.masked_invalid(v), cmap=cmap, aspect="equal", interpolation="nearest", **kw)
-            F._grid_axes(ax, list(range(n_layers)), list(range(n_heads)))
+            F.grid_axes(ax, list(range(n_layers)), list(range(n_heads)))
             ax.set_title(title, fontsize=9)
             if centred and info.get("cost_ci") is not None:  # a dot: the 95% interval excludes 0
                 ci = np.asarray(info["cost_ci"], np.float64)
                 sig_r, sig_c = np.nonzero((ci[..., 0] > 0) | (ci[..., 1] < 0))
                 ax.scatter(sig_c, sig_r, s=6, c="black", marker="o")
             fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
-        names.append(F._save(fig, out_dir, FIGURES[0]))
+        names.append(F.save(fig, out_dir, FIGURES[0]))
     curves = info.get("pruning") or {}
     if curves:
-        fig = F._new_figure(6.5, 3.8)
+        fig = F.new_figure(6.5, 3.8)
         ax = fig.add_subplot(1, 1, 1)
         for order, c in curves.items():
             ax.plot(c["removed"], c["score"], marker=".", label=f"{order} (removable {c['removable']})")
@@ -138,7 +138,7 @@ def figures(out_dir, info: dict) -> list[str]:
         ax.set_xlabel("heads removed")
         ax.set_ylabel(str(info["headline"]))
         ax.legend(fontsize=8)
-        names.append(F._save(fig, out_dir, FIGURES[1]))
+        names.append(F.save(fig, out_dir, FIGURES[1]))
     return names
 
 
@@ -151,10 +151,10 @@ def _probes_note(joined: dict) -> str:
     if done:
         how = f"{int(folds)}-fold cross-validated" if folds else "cross-validated"
         parts.append(
-            f"probes ({_e(', '.join(done))}) are {how} linear probes on each head's output mean-pooled over the example"
+            f"probes ({esc(', '.join(done))}) are {how} linear probes on each head's output mean-pooled over the example"
         )
     if skipped:
-        parts.append("not probed: " + "; ".join(f"{_e(t)} ({_e(why)})" for t, why in skipped.items()))
+        parts.append("not probed: " + "; ".join(f"{esc(t)} ({esc(why)})" for t, why in skipped.items()))
     return "; ".join(parts) + "."
 
 
@@ -164,25 +164,25 @@ def section(joined: dict | None, warning: str | None, figs: list[str]) -> str:
         return ""
     head = f"""
 <section id="importance"><h2>Which heads matter</h2>
-<p class="note">From the heads stage: {_e(joined["metric"])} on {_num(joined["examples"])} examples; the
-whole model scores {_e(joined["headline"])} = {_num(joined["base"])}. A head's ablation cost is the mean
-over examples of the score lost when its output is {_e(joined["ablation"])}ed before the attention output
+<p class="note">From the heads stage: {esc(joined["metric"])} on {num(joined["examples"])} examples; the
+whole model scores {esc(joined["headline"])} = {num(joined["base"])}. A head's ablation cost is the mean
+over examples of the score lost when its output is {esc(joined["ablation"])}ed before the attention output
 projection (positive: the task needs it), with a 95% t interval over the examples; importance is Michel et
 al.'s |dL/dgate|, normalised per layer; {_probes_note(joined)}</p>"""
     if warning:
-        return head + f'<p class="warn">{_e(warning)}</p></section>'
+        return head + f'<p class="warn">{esc(warning)}</p></section>'
     rows = []
     for cid, e in joined.get("by_cluster", {}).items():
         s = e.get("set")
-        set_txt = f"{_num(s['cost'])} [{_num(s['ci'][0])}, {_num(s['ci'][1])}]" if s else "n/a"
+        set_txt = f"{num(s['cost'])} [{num(s['ci'][0])}, {num(s['ci'][1])}]" if s else "n/a"
         probe_txt = "; ".join(
-            f"{t} {_num(p['best']['accuracy'])} (L{p['best']['layer']}-H{p['best']['head']}, majority {_num(p['majority'])})"
+            f"{t} {num(p['best']['accuracy'])} (L{p['best']['layer']}-H{p['best']['head']}, majority {num(p['majority'])})"
             for t, p in e.get("probing", {}).items()
         )
         rows.append(
-            f"<tr><td>{_e(cid)}</td><td class=n>{len(e['heads'])}</td><td class=n>{_e(set_txt)}</td>"
-            f"<td class=n>{_num(e.get('mean_cost'))}</td><td class=n>{_num(e.get('mean_importance'))}</td>"
-            f"<td>{_e(probe_txt)}</td></tr>"
+            f"<tr><td>{esc(cid)}</td><td class=n>{len(e['heads'])}</td><td class=n>{esc(set_txt)}</td>"
+            f"<td class=n>{num(e.get('mean_cost'))}</td><td class=n>{num(e.get('mean_importance'))}</td>"
+            f"<td>{esc(probe_txt)}</td></tr>"
         )
     prune = ", ".join(f"{o}: {c['removable']}" for o, c in (joined.get("pruning") or {}).items())
     table = (
@@ -191,19 +191,19 @@ al.'s |dL/dgate|, normalised per layer; {_probes_note(joined)}</p>"""
         f"its heads</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
     prune_txt = (
-        f"<p>Heads removable before the score drops by more than 0.01, by order: {_e(prune)}.</p>" if prune else ""
+        f"<p>Heads removable before the score drops by more than 0.01, by order: {esc(prune)}.</p>" if prune else ""
     )
     sig, agree = joined.get("significant"), joined.get("importance_vs_ablation")
     if sig:
         prune_txt += (
             f"<p>Heads whose removal alone costs beyond chance (95% interval above 0; dots in the heatmap): "
-            f"{_num(sig['worse'])}; whose removal helps: {_num(sig['better'])}.</p>"
+            f"{num(sig['worse'])}; whose removal helps: {num(sig['better'])}.</p>"
         )
     if agree:
         prune_txt += (
-            f"<p>Importance against ablation cost over {_num(agree['heads'])} heads: Spearman's rho "
-            f"{_num(agree['raw']['spearman'])} (raw importance), {_num(agree['normalised']['spearman'])} "
+            f"<p>Importance against ablation cost over {num(agree['heads'])} heads: Spearman's rho "
+            f"{num(agree['raw']['spearman'])} (raw importance), {num(agree['normalised']['spearman'])} "
             "(normalised per layer).</p>"
         )
-    imgs = "".join(_img(f, "head importance and pruning") for f in figs)
+    imgs = "".join(img(f, "head importance and pruning") for f in figs)
     return head + table + prune_txt + imgs + "</section>"

@@ -172,7 +172,7 @@ def write_head_views(
     """
     import torch
 
-    from rapids_attn.explain.report import _anchor
+    from rapids_attn.explain.formatting import anchor
     from rapids_attn.extract.batching import tokenize
     from rapids_attn.extract.model import describe_model, load_model, load_tokenizer
     from rapids_attn.job import ModelConfig
@@ -263,7 +263,7 @@ def write_head_views(
                     else " (only this head, to keep the page small); hover a token to isolate it."
                 )
             )
-            page = _page(title, intro, offline_html(view.data), f"../index.html#{_anchor(cid)}")
+            page = _page(title, intro, offline_html(view.data), f"../index.html#{anchor(cid)}")
             name = page_name(cid, i)
             tmp = out_dir / (name + ".tmp")
             tmp.write_text(page, encoding="utf-8")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rapids_attn.explain.formatting import _e, _img, _num
+from rapids_attn.explain.formatting import esc, img, num
 
 #: figure file names (the report's clean-up keeps only the names it wrote)
 FIGURES = ("relevance_shares.png", "head_atlas.png")
@@ -29,7 +29,7 @@ def figures(out_dir, info: dict) -> list[str]:
     methods = [m for m in info.get("methods", []) if shares.get(m)]
     roles = [r for r in ROLES if any(r in shares[m] for m in methods)]
     if methods and roles:
-        fig = F._new_figure(1.2 + 1.3 * len(roles), 3.6)
+        fig = F.new_figure(1.2 + 1.3 * len(roles), 3.6)
         ax = fig.add_subplot(1, 1, 1)
         width = 0.8 / (len(methods) + 1)
         x = np.arange(len(roles))
@@ -41,13 +41,13 @@ def figures(out_dir, info: dict) -> list[str]:
         ax.set_xticks(x + 0.4 - width / 2, roles)
         ax.set_ylabel("share of relevance")
         ax.legend(fontsize=7, ncol=2)
-        names.append(F._save(fig, out_dir, FIGURES[0]))
+        names.append(F.save(fig, out_dir, FIGURES[0]))
     atlas = info.get("atlas")
     if atlas and atlas.get("heads"):
         heads = atlas["heads"]
         xy = np.array([[h["x"], h["y"]] for h in heads])
         lab = np.array([h["atlas_cluster"] for h in heads])
-        fig = F._new_figure(6.5, 5.5)
+        fig = F.new_figure(6.5, 5.5)
         ax = fig.add_subplot(1, 1, 1)
         ax.scatter(xy[:, 0], xy[:, 1], c=lab, cmap="tab10", s=60, alpha=0.8)
         for h in heads:
@@ -64,7 +64,7 @@ def figures(out_dir, info: dict) -> list[str]:
         ax.set_title(
             "heads placed by Jensen-Shannon distance (colour: atlas cluster; cN: dominant map cluster)", fontsize=8
         )
-        names.append(F._save(fig, out_dir, FIGURES[1]))
+        names.append(F.save(fig, out_dir, FIGURES[1]))
     return names
 
 
@@ -74,29 +74,29 @@ def section(info: dict | None, figs: list[str]) -> str:
         return ""
     head = f"""
 <section id="relevance"><h2>Where relevance goes, and how heads relate</h2>
-<p class="note">From the relevance stage: {_num(info.get("examples"))} examples, relevance of every token for
-the {_e(info.get("query"))} token's row. "share" is the mean over examples of the relevance on the role's
+<p class="note">From the relevance stage: {num(info.get("examples"))} examples, relevance of every token for
+the {esc(info.get("query"))} token's row. "share" is the mean over examples of the relevance on the role's
 tokens divided by all relevance, with a 95% t interval; "lift" divides it by the share of the tokens the role
 holds (1: as much as uniform relevance would give).</p>"""
     shares = info.get("shares") or {}
     rows = []
     for m, per in shares.items():
         cells = "".join(
-            f"<td class=n>{_num(per[r]['share'])} [{_num(per[r]['lo'])}, {_num(per[r]['hi'])}] x{_num(per[r]['lift'])}</td>"
+            f"<td class=n>{num(per[r]['share'])} [{num(per[r]['lo'])}, {num(per[r]['hi'])}] x{num(per[r]['lift'])}</td>"
             if r in per
             else "<td class=n>n/a</td>"
             for r in ROLES
         )
-        rows.append(f"<tr><td>{_e(m)}</td>{cells}</tr>")
+        rows.append(f"<tr><td>{esc(m)}</td>{cells}</tr>")
     table = (
         "<table><thead><tr><th>method</th>"
-        + "".join(f"<th class=n>{_e(r)}: share [CI] x lift</th>" for r in ROLES)
+        + "".join(f"<th class=n>{esc(r)}: share [CI] x lift</th>" for r in ROLES)
         + f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
     dis = info.get("disagreement") or {}
     drows = "".join(
-        f"<tr><td>{_e(k)}</td><td class=n>{_num(v['mean'])}</td><td class=n>{_num(v['q25'])}</td>"
-        f"<td class=n>{_num(v['median'])}</td><td class=n>{_num(v['q75'])}</td><td class=n>{_num(v['examples'])}</td></tr>"
+        f"<tr><td>{esc(k)}</td><td class=n>{num(v['mean'])}</td><td class=n>{num(v['q25'])}</td>"
+        f"<td class=n>{num(v['median'])}</td><td class=n>{num(v['q75'])}</td><td class=n>{num(v['examples'])}</td></tr>"
         for k, v in dis.items()
     )
     dtable = (
@@ -108,7 +108,7 @@ holds (1: as much as uniform relevance would give).</p>"""
     )
     skipped = info.get("flow_skipped") or 0
     note = (
-        f"<p>Attention flow was skipped on {_num(skipped)} examples longer than {_num(info.get('flow_max_tokens'))} "
+        f"<p>Attention flow was skipped on {num(skipped)} examples longer than {num(info.get('flow_max_tokens'))} "
         "tokens (relevance.flow_max_tokens).</p>"
         if skipped
         else ""
@@ -117,18 +117,18 @@ holds (1: as much as uniform relevance would give).</p>"""
     atlas_html = ""
     if atlas:
         groups = "".join(
-            f"<tr><td>{_e(c)}</td><td>{_e(', '.join(f'L{a}H{b}' for a, b in g['heads']))}</td>"
-            f"<td class=n>{_num(g['mean_distance'])}</td></tr>"
+            f"<tr><td>{esc(c)}</td><td>{esc(', '.join(f'L{a}H{b}' for a, b in g['heads']))}</td>"
+            f"<td class=n>{num(g['mean_distance'])}</td></tr>"
             for c, g in atlas.get("clusters", {}).items()
         )
         atlas_html = (
             f"<p>The head atlas: Clark et al.'s distance between heads (the mean Jensen-Shannon divergence of their "
-            f"rows on the same token; mean over all pairs {_num(atlas.get('mean_distance'))} nats), embedded by metric "
+            f"rows on the same token; mean over all pairs {num(atlas.get('mean_distance'))} nats), embedded by metric "
             "MDS and clustered by average linkage. summary.json lists every head's related heads.</p>"
             "<table><thead><tr><th>atlas cluster</th><th>heads</th><th class=n>mean distance inside</th></tr></thead>"
             f"<tbody>{groups}</tbody></table>"
         )
-    imgs = "".join(_img(f, "relevance and the head atlas") for f in figs)
+    imgs = "".join(img(f, "relevance and the head atlas") for f in figs)
     return head + table + note + dtable + atlas_html + imgs + "</section>"
 
 

@@ -25,27 +25,22 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rapids_attn.explain import figures
 from rapids_attn.explain.findings import FigureArrays, Findings, RunOverview
-from rapids_attn.explain.formatting import (
-    _anchor,  # noqa: F401  (headview and the tests find it here)
-    _e,
-    _num,
-)
+from rapids_attn.explain.formatting import esc, num
 from rapids_attn.explain.sections import (
-    _cluster_index,
-    _cluster_section,
-    _detectors_section,
-    _heads_section,
-    _k_sweep_section,
-    _map_section,
-    _metadata_section,
-    _overview,
-    _warnings,
+    cluster_index,
+    cluster_section,
+    detectors_section,
+    heads_section,
+    k_sweep_section,
+    map_section,
+    metadata_section,
+    overview_section,
+    warnings_section,
 )
 
 STAGING_PREFIX = ".report-tmp-"
@@ -72,35 +67,17 @@ def _all_sections() -> list:
 # figures
 
 
-@dataclass
-class _Figures:
-    """File names of the rendered figures, relative to the report folder."""
-
-    grid: str
-    detectors: str
-    scatter: dict[str, str] = field(default_factory=dict)  # "cluster" / "layer"; empty without arrays
-    occupancy: dict[int, str] = field(default_factory=dict)  # by cluster position in Findings.clusters
-    montage: dict[int, str] = field(default_factory=dict)  # likewise; empty without thumbnails
-    k_sweep: str | None = None  # None when the learn stage ran no sweep
-    #: each report section's figures (the heads stage's heatmaps and pruning curves, ...), in the sections' order
-    sections: list[list[str]] = field(default_factory=list)
-
-    def names(self) -> list[str]:
-        names = [*self.scatter.values(), *self.occupancy.values(), *self.montage.values(), self.grid, self.detectors]
-        return names + ([self.k_sweep] if self.k_sweep else []) + [n for figs in self.sections for n in figs]
-
-
 def _coords_label(overview: RunOverview) -> str:
     return {"umap": "UMAP", "pca": "PC"}[overview.clustering.coords]
 
 
 def _make_figures(
     out_dir: Path, overview: RunOverview, findings: Findings, arrays: FigureArrays | None, sections=()
-) -> _Figures:
+) -> figures.FigureFiles:
     """Render every figure into ``out_dir``; any failure propagates (no partial report)."""
     clusters = findings.clusters
     colors = figures.cluster_colors([c.id for c in clusters])
-    figs = _Figures(
+    figs = figures.FigureFiles(
         grid=figures.dominant_grid_png(
             out_dir,
             findings.heads_table,
@@ -180,7 +157,7 @@ footer{color:#777;font-size:.85em;margin-top:3em}
 def render_html(
     overview: RunOverview,
     findings: Findings,
-    figs: _Figures,
+    figs: figures.FigureFiles,
     headviews: dict | None,
     report_dir: Path,
     no_thumbs: bool,
@@ -196,9 +173,9 @@ def render_html(
     )
     cl = overview.clustering
     sub = (
-        f"{_num(overview.counts['examples'])} examples, {_num(overview.counts['maps'])} maps, "
-        f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {_num(cl.silhouette)}"
-        + (f", seed stability ARI {_num(cl.stability)}" if cl.stability is not None else "")
+        f"{num(overview.counts['examples'])} examples, {num(overview.counts['maps'])} maps, "
+        f"{len([c for c in clusters if c.id != -1])} clusters ({cl.method}, silhouette {num(cl.silhouette)}"
+        + (f", seed stability ARI {num(cl.stability)}" if cl.stability is not None else "")
         + ")"
     )
     nav = [("overview", "Overview")]
@@ -215,38 +192,38 @@ def render_html(
         if html:
             nav.insert(nav.index(("clusters", "Clusters")), (sec.anchor, sec.title))
         stage_html.append(html)
-    nav_html = "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in nav)
+    nav_html = "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t in nav)
     if report_dir is not None and (Path(report_dir) / "explorer.html").is_file():
         nav_html += '<a href="explorer.html"><b>Interactive explorer</b></a>'  # explain.explorer
     sections = "".join(
-        _cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
+        cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
     )
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_e(title)}</title>
+<title>{esc(title)}</title>
 <style>{CSS}</style></head>
 <body><main>
-<h1>{_e(title)}</h1>
-<p class="sub">{_e(sub)}</p>
+<h1>{esc(title)}</h1>
+<p class="sub">{esc(sub)}</p>
 <nav>{nav_html}</nav>
-{_warnings(findings.warnings)}
-{_overview(overview)}
-{_map_section(figs)}
-{_heads_section(figs)}
-{_detectors_section(findings, figs)}
+{warnings_section(findings.warnings)}
+{overview_section(overview)}
+{map_section(figs)}
+{heads_section(figs)}
+{detectors_section(findings, figs)}
 {chr(10).join(stage_html)}
 <section id="clusters"><h2>Clusters</h2>
 <p class="note">Sorted by size. "What sets it apart" names the statistics whose cluster mean differs most
 from the overall mean (in standard deviations, z); "where" names the layers and heads whose maps make up
 most of the cluster.</p>
-{_cluster_index(clusters, colors)}
+{cluster_index(clusters, colors)}
 {sections}
 </section>
-{_metadata_section(findings.metadata)}
-{_k_sweep_section(findings, figs)}
-<footer>Written by rapids_attn on {_e(now)}. Static page: no scripts, no external resources.</footer>
+{metadata_section(findings.metadata)}
+{k_sweep_section(findings, figs)}
+<footer>Written by rapids_attn on {esc(now)}. Static page: no scripts, no external resources.</footer>
 </main></body></html>
 """
 

@@ -26,69 +26,73 @@ from rapids_attn.explain.findings import (
     RunOverview,
 )
 from rapids_attn.explain.formatting import (
-    _anchor,
-    _cluster_name,
-    _e,
-    _img,
-    _is_nan,
-    _kv_rows,
-    _num,
-    _pct,
-    _pval,
-    _seconds,
-    _swatch,
-    _value_text,
-    _words,
+    anchor,
+    cluster_name,
+    esc,
+    img,
+    is_nan,
+    kv_rows,
+    num,
+    pct,
+    pval,
+    seconds,
+    swatch,
+    value_text,
+    words,
 )
 
 if TYPE_CHECKING:
-    from rapids_attn.explain.report import _Figures
+    from rapids_attn.explain.figures import FigureFiles
 
 #: p-value threshold the metadata findings are stated against
 ALPHA = 0.01
 
 
-def _overview(overview: RunOverview) -> str:
+def overview_section(overview: RunOverview) -> str:
+    """The overview: the run's model and data, its counts, the clustering, the time per stage and the backend."""
+
     def no_links(key: str) -> bool:
         # the Dask dashboard is a live link to a cluster that is gone once the job ends
         return "dashboard" in key.split(".")[-1]
 
-    seconds = overview.seconds
-    t_rows = [f"<tr><th>{_e(_words(k))}</th><td class=n>{_e(_seconds(v))}</td></tr>" for k, v in seconds.items()]
-    total = sum(float(v) for v in seconds.values() if isinstance(v, (int, float)) and not _is_nan(v))
-    if seconds:
-        t_rows.append(f"<tr><th>total</th><td class=n><b>{_e(_seconds(total))}</b></td></tr>")
+    per_stage = overview.seconds
+    t_rows = [f"<tr><th>{esc(words(k))}</th><td class=n>{esc(seconds(v))}</td></tr>" for k, v in per_stage.items()]
+    total = sum(float(v) for v in per_stage.values() if isinstance(v, (int, float)) and not is_nan(v))
+    if per_stage:
+        t_rows.append(f"<tr><th>total</th><td class=n><b>{esc(seconds(total))}</b></td></tr>")
     c_rows = []
     for f in dataclasses.fields(ClusteringOverview):
         v = getattr(overview.clustering, f.name)
-        text = _pct(v) if f.name.endswith("share") else _value_text(v)
-        c_rows.append(f"<tr><th>{_e(_words(f.name))}</th><td>{_e(text)}</td></tr>")
+        text = pct(v) if f.name.endswith("share") else value_text(v)
+        c_rows.append(f"<tr><th>{esc(words(f.name))}</th><td>{esc(text)}</td></tr>")
     return f"""
 <section id="overview"><h2>Overview</h2>
 <div class="cards">
 <div><h3>Run</h3><table class="kv">
-<tr><th colspan=2>model</th></tr>{_kv_rows(overview.model)}
-<tr><th colspan=2>data</th></tr>{_kv_rows(overview.data)}
+<tr><th colspan=2>model</th></tr>{kv_rows(overview.model)}
+<tr><th colspan=2>data</th></tr>{kv_rows(overview.data)}
 </table></div>
-<div><h3>Counts</h3><table class="kv">{_kv_rows(overview.counts)}</table></div>
+<div><h3>Counts</h3><table class="kv">{kv_rows(overview.counts)}</table></div>
 <div><h3>Clustering</h3><table class="kv">{"".join(c_rows)}</table>
 <h3>Time per stage</h3><table class="kv">{"".join(t_rows)}</table></div>
-<div><h3>Backend and devices</h3><table class="kv">{_kv_rows(overview.backend, skip=no_links)}</table></div>
+<div><h3>Backend and devices</h3><table class="kv">{kv_rows(overview.backend, skip=no_links)}</table></div>
 </div></section>"""
 
 
-def _warnings(warns: list[str]) -> str:
+def warnings_section(warns: list[str]) -> str:
+    """The run's warnings in a box at the top; empty without any."""
     if not warns:
         return ""
-    items = "".join(f"<li>{_e(w)}</li>" for w in warns)
+    items = "".join(f"<li>{esc(w)}</li>" for w in warns)
     return f"""
 <section id="warnings" class="warn"><b>Warnings ({len(warns)})</b><ul>{items}</ul></section>"""
 
 
-def _map_section(figs: _Figures) -> str:
+def map_section(figs: FigureFiles) -> str:
+    """The 2-D map of sampled maps, coloured by cluster and by layer; empty without the scatter."""
     if not figs.scatter:
         return ""
-    imgs = " ".join(_img(figs.scatter[k], f"scatter of sampled maps coloured by {k}") for k in ("cluster", "layer"))
+    imgs = " ".join(img(figs.scatter[k], f"scatter of sampled maps coloured by {k}") for k in ("cluster", "layer"))
     return f"""
 <section id="map"><h2>All maps in two dimensions</h2>
 <p class="note">Each point is one attention map (one example, layer and head), placed by the learn stage's
@@ -96,16 +100,18 @@ def _map_section(figs: _Figures) -> str:
 <div class="pair">{imgs}</div></section>"""
 
 
-def _heads_section(figs: _Figures) -> str:
+def heads_section(figs: FigureFiles) -> str:
+    """The per-head grid: the cluster each head's maps mostly fall in."""
     return f"""
 <section id="heads"><h2>Which cluster each head falls in</h2>
 <p class="note">Left: every head coloured by the cluster most of its maps fall in (N = noise). Right: how
 consistently it does so across examples (1 - normalised entropy of the head's cluster distribution):
 1 means the head shows the same pattern on every input, 0 that it spreads evenly over the clusters.</p>
-{_img(figs.grid, "dominant cluster per head, and consistency")}</section>"""
+{img(figs.grid, "dominant cluster per head, and consistency")}</section>"""
 
 
-def _detectors_section(findings: Findings, figs: _Figures) -> str:
+def detectors_section(findings: Findings, figs: FigureFiles) -> str:
+    """The head detectors: each detector's strongest head, and the figure of their scores."""
     det = findings.detectors
     rows = []
     for name in det.names:
@@ -115,7 +121,7 @@ def _detectors_section(findings: Findings, figs: _Figures) -> str:
             best = f"L{findings.layers[li]}-H{findings.heads[hi]} ({v[li, hi]:.2f})"
         else:
             best = "undefined on this data (no example has a repeated token)"
-        rows.append(f"<tr><td>{_e(name)}</td><td>{_e(best)}</td><td class=n>{_e(det.examples[name])}</td></tr>")
+        rows.append(f"<tr><td>{esc(name)}</td><td>{esc(best)}</td><td class=n>{esc(det.examples[name])}</td></tr>")
     return f"""
 <section id="detectors"><h2>Head detectors</h2>
 <p class="note">The detectors of TransformerLens, scored per map at full resolution on its own definition
@@ -128,14 +134,15 @@ averaged over the examples that have a repeated token. Induction needs repeated 
 <code>data.probe.count</code> to append repeated random-token probes.</p>
 <table><thead><tr><th>detector</th><th>strongest head</th><th class=n>examples</th></tr></thead>
 <tbody>{"".join(rows)}</tbody></table>
-{_img(figs.detectors, "head detector scores per layer and head")}</section>"""
+{img(figs.detectors, "head detector scores per layer and head")}</section>"""
 
 
-def _cluster_index(clusters: list[ClusterFinding], colors: dict) -> str:
+def cluster_index(clusters: list[ClusterFinding], colors: dict) -> str:
+    """The table of clusters (size, share) linking to each cluster's section."""
     rows = [
-        f'<tr><td>{_swatch(c.id, colors)}<a href="#{_anchor(c.id)}">{_e(_cluster_name(c.id))}</a></td>'
-        f"<td class=n>{_e(_num(c.size))}</td><td class=n>{_e(_pct(c.share))}</td>"
-        f"<td>{_e(c.summary)}</td><td>{_e(c.dominant_description)}</td></tr>"
+        f'<tr><td>{swatch(c.id, colors)}<a href="#{anchor(c.id)}">{esc(cluster_name(c.id))}</a></td>'
+        f"<td class=n>{esc(num(c.size))}</td><td class=n>{esc(pct(c.share))}</td>"
+        f"<td>{esc(c.summary)}</td><td>{esc(c.dominant_description)}</td></tr>"
         for c in clusters
     ]
     return f"""<table><thead><tr><th>cluster</th><th class=n>maps</th><th class=n>share</th><th>what sets it apart</th>
@@ -144,14 +151,14 @@ def _cluster_index(clusters: list[ClusterFinding], colors: dict) -> str:
 
 def _signature_table(c: ClusterFinding, findings: Findings) -> str:
     rows = "".join(
-        f"<tr><td>{_e(s.label)} <span class=note>({_e(s.stat)})</span></td>"
-        f"<td class=n>{_e(_num(s.mean))}</td><td class=n>{_e(_num(s.overall))}</td>"
-        f"<td class=n>{_e(_num(s.z, 2))}</td></tr>"
+        f"<tr><td>{esc(s.label)} <span class=note>({esc(s.stat)})</span></td>"
+        f"<td class=n>{esc(num(s.mean))}</td><td class=n>{esc(num(s.overall))}</td>"
+        f"<td class=n>{esc(num(s.z, 2))}</td></tr>"
         for s in c.signature
     )
     all_rows = "".join(
-        f"<tr><td>{_e(findings.stat_labels[n])} <span class=note>({_e(n)})</span></td>"
-        f"<td class=n>{_e(_num(c.means[n]))}</td><td class=n>{_e(_num(findings.global_means[n]))}</td></tr>"
+        f"<tr><td>{esc(findings.stat_labels[n])} <span class=note>({esc(n)})</span></td>"
+        f"<td class=n>{esc(num(c.means[n]))}</td><td class=n>{esc(num(findings.global_means[n]))}</td></tr>"
         for n in findings.stat_names
     )
     return (
@@ -165,8 +172,8 @@ def _signature_table(c: ClusterFinding, findings: Findings) -> str:
 
 def _heads_table(c: ClusterFinding) -> str:
     rows = "".join(
-        f"<tr><td>L{_e(h.layer)} H{_e(h.head)}</td><td class=n>{_e(_pct(h.share_of_head))}</td>"
-        f"<td class=n>{_e(_pct(h.share_of_cluster))}</td></tr>"
+        f"<tr><td>L{esc(h.layer)} H{esc(h.head)}</td><td class=n>{esc(pct(h.share_of_head))}</td>"
+        f"<td class=n>{esc(pct(h.share_of_cluster))}</td></tr>"
         for h in c.top_heads
     )
     out = (
@@ -177,7 +184,7 @@ def _heads_table(c: ClusterFinding) -> str:
     if tl:
         out += (
             "<p>Layers: "
-            + ", ".join(f"{_e(x.layer)} ({_e(_pct(x.share_of_cluster))})" for x in tl)
+            + ", ".join(f"{esc(x.layer)} ({esc(pct(x.share_of_cluster))})" for x in tl)
             + " <span class=note>(share of this cluster's maps)</span></p>"
         )
     return out
@@ -187,9 +194,9 @@ def _meta_lines(c: ClusterFinding) -> str:
     g = c.groups
     flag = ' <span class="flag">dominated by one group</span>' if g.dominated else ""
     return (
-        f"<p>Most common group: <b>{_e(g.top)}</b>, {_e(_pct(g.share))} of this cluster's "
-        f"maps vs {_e(_pct(g.overall_share))} of all maps.{flag}</p>"
-        "<p>Labels: " + ", ".join(f"{_e(k)} {_e(_pct(v))}" for k, v in c.labels.items()) + "</p>"
+        f"<p>Most common group: <b>{esc(g.top)}</b>, {esc(pct(g.share))} of this cluster's "
+        f"maps vs {esc(pct(g.overall_share))} of all maps.{flag}</p>"
+        "<p>Labels: " + ", ".join(f"{esc(k)} {esc(pct(v))}" for k, v in c.labels.items()) + "</p>"
     )
 
 
@@ -222,7 +229,7 @@ def _headview_links(c: ClusterFinding, paths: list[str] | None, report_dir: Path
             label = f"layer {it.layer} head {it.head}, example {it.example_id}"
         else:
             label = PurePosixPath(rel).name
-        links.append(f'<li><a href="{_e(quote(rel))}">{_e(label)}</a></li>')
+        links.append(f'<li><a href="{esc(quote(rel))}">{esc(label)}</a></li>')
     if not links:
         return ""
     return (
@@ -231,29 +238,30 @@ def _headview_links(c: ClusterFinding, paths: list[str] | None, report_dir: Path
     )
 
 
-def _cluster_section(
+def cluster_section(
     k: int,
     c: ClusterFinding,
     findings: Findings,
-    figs: _Figures,
+    figs: FigureFiles,
     colors: dict,
     headviews: dict | None,
     report_dir: Path,
     no_thumbs: bool,
 ) -> str:
-    name = _cluster_name(c.id)
-    fig_html = _img(figs.occupancy.get(k), f"{name}: share of each head's maps")
+    """One cluster's section: its signature, where it lives, its groups and labels, figures and head views."""
+    name = cluster_name(c.id)
+    fig_html = img(figs.occupancy.get(k), f"{name}: share of each head's maps")
     if k in figs.montage:
-        fig_html += _img(figs.montage[k], f"{name}: mean map and exemplars")
+        fig_html += img(figs.montage[k], f"{name}: mean map and exemplars")
     elif no_thumbs:
         fig_html += '<p class="note">No thumbnails were kept (extract.thumbnail_size: 0), so no map images.</p>'
     hv = headviews.get(c.id) if headviews else None
     return f"""
-<section class="cluster" id="{_anchor(c.id)}">
-<h3>{_swatch(c.id, colors)}{_e(name.capitalize())}:
-{_e(_num(c.size))} maps ({_e(_pct(c.share))})</h3>
-<p class="summary">{_e(c.summary)}</p>
-<p class="where"><b>Where:</b> {_e(c.dominant_description)}</p>
+<section class="cluster" id="{anchor(c.id)}">
+<h3>{swatch(c.id, colors)}{esc(name.capitalize())}:
+{esc(num(c.size))} maps ({esc(pct(c.share))})</h3>
+<p class="summary">{esc(c.summary)}</p>
+<p class="where"><b>Where:</b> {esc(c.dominant_description)}</p>
 <div class="row"><div class="text">
 {_signature_table(c, findings)}
 {_heads_table(c)}
@@ -269,7 +277,7 @@ def _meta_p(m: MetadataTest) -> tuple[float | None, str]:
     independent sample, which they are not."""
     if m.p_permutation is not None:
         return float(m.p_permutation), "permutation"
-    if not _is_nan(m.chi2_p_maps):
+    if not is_nan(m.chi2_p_maps):
         return float(m.chi2_p_maps), "chi-square on maps"
     return None, ""
 
@@ -278,34 +286,34 @@ def _metadata_block(key: str, m: MetadataTest) -> str:
     p, how = _meta_p(m)
     perms = m.permutations
     cols = [
-        ("chi-square", _num(m.chi2)),
-        ("dof", _num(m.dof)),
-        ("chi-square p (maps as independent)", _pval(m.chi2_p_maps)),
-        (f"permutation p ({_num(perms)} shuffles)" if perms else "permutation p", _pval(m.p_permutation)),
-        ("mutual information", _num(m.mutual_info)),
-        ("normalised MI", _num(m.nmi)),
-        ("maps", _num(m.n_maps)),
-        (f"{key} values", _num(m.n_values)),
+        ("chi-square", num(m.chi2)),
+        ("dof", num(m.dof)),
+        ("chi-square p (maps as independent)", pval(m.chi2_p_maps)),
+        (f"permutation p ({num(perms)} shuffles)" if perms else "permutation p", pval(m.p_permutation)),
+        ("mutual information", num(m.mutual_info)),
+        ("normalised MI", num(m.nmi)),
+        ("maps", num(m.n_maps)),
+        (f"{key} values", num(m.n_values)),
     ]
-    head = "".join(f"<th class=n>{_e(c)}</th>" for c, _ in cols)
-    cells = "".join(f"<td class=n>{_e(v)}</td>" for _, v in cols)
+    head = "".join(f"<th class=n>{esc(c)}</th>" for c, _ in cols)
+    cells = "".join(f"<td class=n>{esc(v)}</td>" for _, v in cols)
 
-    rel = f"the relation between a map's cluster and its example's {_e(key)}"
+    rel = f"the relation between a map's cluster and its example's {esc(key)}"
     if p is None:
         verdict = "no p-value could be computed."
     elif p < ALPHA:
-        verdict = f"{rel} is <b>stronger than chance</b> at p &lt; {ALPHA} (p = {_e(_pval(p))})."
+        verdict = f"{rel} is <b>stronger than chance</b> at p &lt; {ALPHA} (p = {esc(pval(p))})."
     else:
-        verdict = f"{rel} is <b>not stronger than chance</b> at p &lt; {ALPHA} (p = {_e(_pval(p))})."
+        verdict = f"{rel} is <b>not stronger than chance</b> at p &lt; {ALPHA} (p = {esc(pval(p))})."
     if how == "permutation":
         method = (
-            f"Permutation test: the example {_e(key)}s were shuffled across examples {_e(_num(perms))} times, "
+            f"Permutation test: the example {esc(key)}s were shuffled across examples {esc(num(perms))} times, "
             "each example's maps moving together, and the mutual information recomputed"
         )
         if perms and 1 / (int(perms) + 1) >= ALPHA:
-            floor = _pval(1 / (int(perms) + 1))
+            floor = pval(1 / (int(perms) + 1))
             verdict += (
-                f" With {_e(_num(perms))} shuffles the smallest reachable p is {_e(floor)}, "
+                f" With {esc(num(perms))} shuffles the smallest reachable p is {esc(floor)}, "
                 f"so p &lt; {ALPHA} cannot be shown; raise explain.permutations."
             )
     elif how == "chi-square on maps":
@@ -315,13 +323,14 @@ def _metadata_block(key: str, m: MetadataTest) -> str:
         )
     else:
         method = "Test of independence"
-    return f"""<h3>Cluster vs example {_e(key)}</h3>
+    return f"""<h3>Cluster vs example {esc(key)}</h3>
 <table><thead><tr>{head}</tr></thead><tbody><tr>{cells}</tr></tbody></table>
-<p>{method}: {verdict} Normalised mutual information ({_e(_num(m.nmi))}) says how much of the cluster
-assignment the {_e(key)} explains (0 = nothing, 1 = all of it), whatever the p-value.</p>"""
+<p>{method}: {verdict} Normalised mutual information ({esc(num(m.nmi))}) says how much of the cluster
+assignment the {esc(key)} explains (0 = nothing, 1 = all of it), whatever the p-value.</p>"""
 
 
-def _metadata_section(meta: MetadataFindings) -> str:
+def metadata_section(meta: MetadataFindings) -> str:
+    """The metadata tests: clusters against example labels and groups."""
     blocks = []
     for key, m in (("label", meta.label), ("group", meta.group)):
         if m is None:
@@ -335,24 +344,25 @@ def _metadata_section(meta: MetadataFindings) -> str:
     return f"""
 <section id="metadata"><h2>Clusters and example metadata</h2>
 <p class="note">Does knowing which cluster a map falls in tell you something about the example it came from?
-Noise maps are left out{_e(f", and so are the {probes} repeated-token probe examples" if probes else "")}.</p>
+Noise maps are left out{esc(f", and so are the {probes} repeated-token probe examples" if probes else "")}.</p>
 {"".join(blocks)}</section>"""
 
 
-def _k_sweep_section(findings: Findings, figs: _Figures) -> str:
+def k_sweep_section(findings: Findings, figs: FigureFiles) -> str:
+    """The choice of k: the learn stage's sweep of k; empty without its figure."""
     ks = findings.k_sweep
     if figs.k_sweep is None:
         return ""
     rows = "".join(
-        f"<tr{' class=chosen' if k == ks.chosen else ''}><td class=n>{_e(k)}</td>"
-        f"<td class=n>{_e(_num(inertia))}</td><td class=n>{_e(_num(sil))}</td><td class=n>{_e(_num(ari))}</td></tr>"
+        f"<tr{' class=chosen' if k == ks.chosen else ''}><td class=n>{esc(k)}</td>"
+        f"<td class=n>{esc(num(inertia))}</td><td class=n>{esc(num(sil))}</td><td class=n>{esc(num(ari))}</td></tr>"
         for k, inertia, sil, ari in zip(ks.k, ks.inertia, ks.silhouette, ks.stability or [None] * len(ks.k))
     )
     return f"""
 <section id="k-sweep"><h2>Choosing k</h2>
-<p>Chosen k: <b>{_e(ks.chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.
+<p>Chosen k: <b>{esc(ks.chosen)}</b>. Inertia always falls as k grows; look for the bend, and for a high silhouette.
 "Seed ARI" compares each k's clusters with a refit under the next seed (1: the seed does not matter);
 <code>n_clusters: auto</code> takes the best silhouette among the k at 0.9 or above.</p>
-<div class="row"><div>{_img(figs.k_sweep, "inertia and silhouette against k")}</div>
+<div class="row"><div>{img(figs.k_sweep, "inertia and silhouette against k")}</div>
 <div><table><thead><tr><th class=n>k</th><th class=n>inertia</th><th class=n>silhouette</th><th class=n>seed ARI</th></tr></thead>
 <tbody>{rows}</tbody></table></div></div></section>"""

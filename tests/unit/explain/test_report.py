@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rapids_attn.explain import figures, report
+from rapids_attn.explain import figures, formatting, report
 from rapids_attn.explain.findings import (
     ClusterFinding,
     ClusteringOverview,
@@ -208,7 +208,7 @@ def test_report_complete_and_self_contained(tmp_path, noise):
     assert not re.search(r"""(src|href)\s*=\s*["']?(//|[a-z]+:)""", page)
     # each cluster section carries its own summary line and dominant description
     for c in f.clusters:
-        sec = _section(page, report._anchor(c.id))
+        sec = _section(page, formatting.anchor(c.id))
         assert html.escape(c.summary) in sec
         assert html.escape(c.dominant_description) in sec
     # warnings are visible, and strings from data are escaped
@@ -263,7 +263,7 @@ def test_report_links_existing_head_views_only(tmp_path):
     )
     page = index.read_text(encoding="utf-8")
     assert 'href="headviews/cluster2_ex0.html"' in page
-    assert "layer 1 head 0, example q1" in _section(page, report._anchor(2))  # named by its exemplar
+    assert "layer 1 head 0, example q1" in _section(page, formatting.anchor(2))  # named by its exemplar
     assert "missing.html" not in page and "passwd" not in page
     assert (hv / "cluster2_ex0.html").is_file()  # rewriting the report leaves head views alone
 
@@ -476,10 +476,10 @@ def test_report_renders_describe_findings(tmp_path, with_arrays):
         _assert_png(tmp_path / "report" / src)
     assert len(srcs) == (2 + 2 * len(f.clusters) if with_arrays else 0) + 3  # grid, detectors, k sweep
     for c in f.clusters:
-        sec = _section(page, report._anchor(c.id))
+        sec = _section(page, formatting.anchor(c.id))
         assert html.escape(c.summary) in sec and html.escape(c.dominant_description) in sec
         assert all(html.escape(s.label) in sec for s in c.signature)
         assert f"L{c.top_heads[0].layer} H{c.top_heads[0].head}" in sec
-    assert html.escape(f.warnings[0]) in page and 'class="flag"' in _section(page, report._anchor(3))
+    assert html.escape(f.warnings[0]) in page and 'class="flag"' in _section(page, formatting.anchor(3))
     assert "Choosing k" in page and "<tr class=chosen><td class=n>3</td>" in page
     assert "No thumbnails were kept" not in page  # the store has them; without arrays there are no map images
