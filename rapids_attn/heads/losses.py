@@ -45,7 +45,7 @@ def _lm_losses(metric, model, tokenizer, examples, device, max_length) -> torch.
     enc = tokenizer(texts, pairs, **kw) if all(p is not None for p in pairs) else tokenizer(texts, **kw)
     features, targets = [], []
     for i, ex in enumerate(examples):
-        f = M._features(enc, i)
+        f = M.encoded_features(enc, i)
         ids = np.asarray(f["input_ids"])
         target = np.full(ids.size, -100, np.int64)
         if masked:
@@ -63,7 +63,7 @@ def _lm_losses(metric, model, tokenizer, examples, device, max_length) -> torch.
     for row, t in enumerate(targets):
         labels[row, : t.size] = t
     labels = torch.from_numpy(labels).to(batch["input_ids"].device)
-    logits = _f(model(**M._forward_inputs(model, batch, device)).logits)
+    logits = _f(model(**M.forward_inputs(model, batch, device)).logits)
     if not masked:
         logits, labels = logits[:, :-1], labels[:, 1:]
     tok = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
@@ -87,12 +87,12 @@ def _answer_tokens(enc, row: int, context: str, answers: tuple[str, ...]) -> tup
 
 def _squad_losses(metric, model, tokenizer, examples, device, max_length) -> torch.Tensor:
     encoded = metric._encode(tokenizer, examples, max_length)
-    features = [M._features(enc, r) for enc, r in encoded]
+    features = [M.encoded_features(enc, r) for enc, r in encoded]
     gold = [
         _answer_tokens(enc, r, ex.text_pair or "", ex.answers) for (enc, r), ex in zip(encoded, examples, strict=True)
     ]
     batch = _padded(tokenizer, features, device)
-    out = model(**M._forward_inputs(model, batch, device))
+    out = model(**M.forward_inputs(model, batch, device))
     start = torch.tensor([s for s, _ in gold], device=device)
     end = torch.tensor([e for _, e in gold], device=device)
     pad = batch["attention_mask"] == 0  # padding is no position: a batch-mate's length must not change the loss
@@ -106,21 +106,21 @@ def _accuracy_losses(metric, model, tokenizer, examples, device, max_length) -> 
     texts, pairs = [e.text for e in examples], [e.text_pair for e in examples]
     kw = {"truncation": True, "max_length": max_length}
     enc = tokenizer(texts, pairs, **kw) if all(p is not None for p in pairs) else tokenizer(texts, **kw)
-    batch = _padded(tokenizer, [M._features(enc, i) for i in range(len(examples))], device)
-    logits = _f(model(**M._forward_inputs(model, batch, device)).logits)
+    batch = _padded(tokenizer, [M.encoded_features(enc, i) for i in range(len(examples))], device)
+    logits = _f(model(**M.forward_inputs(model, batch, device)).logits)
     return F.cross_entropy(logits, target, reduction="none")
 
 
 def _embed(model, tokenizer, texts: list[str], device, max_length) -> torch.Tensor:
     enc = tokenizer(texts, truncation=True, max_length=max_length)
-    batch = _padded(tokenizer, [M._features(enc, i) for i in range(len(texts))], device)
-    hidden = _f(model(**M._forward_inputs(model, batch, device)).last_hidden_state)
+    batch = _padded(tokenizer, [M.encoded_features(enc, i) for i in range(len(texts))], device)
+    hidden = _f(model(**M.forward_inputs(model, batch, device)).last_hidden_state)
     mask = batch["attention_mask"].unsqueeze(-1).float()
     return F.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1), dim=-1)
 
 
 def _retrieval_loss(metric, model, tokenizer, examples, device, max_length) -> torch.Tensor:
-    paragraphs = [M._pair(e, metric.name) for e in examples]
+    paragraphs = [M.paired_text(e, metric.name) for e in examples]
     distinct = list(dict.fromkeys(paragraphs))
     own = torch.tensor([distinct.index(p) for p in paragraphs], device=device)
     q = _embed(model, tokenizer, [e.text for e in examples], device, max_length)

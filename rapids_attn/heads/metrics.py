@@ -30,7 +30,7 @@ MASK_RATE = 0.15
 MASK_SEED = 14
 
 
-def _forward_inputs(model, batch: dict, device) -> dict:
+def forward_inputs(model, batch: dict, device) -> dict:
     """The padded batch on ``device``, without the keys the model's forward does not name."""
     names = inspect.signature(model.forward).parameters
     return {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask") or k in names}
@@ -48,10 +48,11 @@ def _batches(model, tokenizer, features: list[dict], device, token_budget: int):
     with torch.inference_mode():
         for idx in length_batches(lengths, token_budget, MAX_BATCH, cost=cost):
             batch = tokenizer.pad([features[i] for i in idx], padding_side="right", return_tensors="pt")
-            yield idx, batch, model(**_forward_inputs(model, batch, device))
+            yield idx, batch, model(**forward_inputs(model, batch, device))
 
 
-def _features(enc, i: int) -> dict:
+def encoded_features(enc, i: int) -> dict:
+    """Example ``i`` of a tokenizer's batch encoding, as the features ``tokenizer.pad`` takes."""
     return {k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc}
 
 
@@ -148,7 +149,7 @@ class SquadMetric(TaskMetric):
     def _encode(self, tokenizer, examples, max_length):
         """Question first, context second, the context truncated; a question too long for that alone is
         cut too (longest first)."""
-        qs, cs = [e.text for e in examples], [_pair(e, self.name) for e in examples]
+        qs, cs = [e.text for e in examples], [paired_text(e, self.name) for e in examples]
         kw = {"max_length": max_length, "return_offsets_mapping": True}
         try:
             encs = [tokenizer(qs, cs, truncation="only_second", **kw)]
@@ -172,7 +173,7 @@ class SquadMetric(TaskMetric):
             "span_score": np.full(n, -np.inf, np.float64),
             "null_score": np.zeros(n, np.float64),
         }
-        features = [_features(enc, r) for enc, r in encoded]
+        features = [encoded_features(enc, r) for enc, r in encoded]
         for idx, _, o in _batches(model, tokenizer, features, device, token_budget):
             starts, ends = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
             for row, i in enumerate(idx):
@@ -204,7 +205,8 @@ class SquadMetric(TaskMetric):
         return {"exact": exact, "f1": f1}
 
 
-def _pair(ex: Example, metric: str) -> str:
+def paired_text(ex: Example, metric: str) -> str:
+    """The example's second text (the paragraph of a question/paragraph pair), or a one-line error naming it."""
     if ex.text_pair is None:
         raise JobConfigError(
             f"heads.metric: {metric} needs question/paragraph pairs; example {ex.id} has no second text; "
@@ -260,7 +262,7 @@ class LMMetric(TaskMetric):
         enc = tokenizer(texts, pairs, **kw) if all(p is not None for p in pairs) else tokenizer(texts, **kw)
         features, targets = [], []
         for i, ex in enumerate(examples):
-            f = _features(enc, i)
+            f = encoded_features(enc, i)
             ids = np.asarray(f["input_ids"])
             target = np.full(ids.size, -100, np.int64)
             if masked:
@@ -326,7 +328,7 @@ class RetrievalMetric(TaskMetric):
         import torch
 
         enc = tokenizer(texts, truncation=True, max_length=max_length)
-        features = [_features(enc, i) for i in range(len(texts))]
+        features = [encoded_features(enc, i) for i in range(len(texts))]
         out = None
         for idx, batch, o in _batches(model, tokenizer, features, device, token_budget):
             mask = batch["attention_mask"].to(o.last_hidden_state.device).unsqueeze(-1).float()
@@ -339,7 +341,7 @@ class RetrievalMetric(TaskMetric):
 
     def partials(self, model, tokenizer, examples, device, max_length, token_budget=TOKEN_BUDGET):
         """``q_emb`` and ``p_emb`` (the example's paragraph; each distinct paragraph of the shard embedded once)."""
-        paragraphs = [_pair(e, self.name) for e in examples]
+        paragraphs = [paired_text(e, self.name) for e in examples]
         distinct = list(dict.fromkeys(paragraphs))
         where = {p: k for k, p in enumerate(distinct)}
         p_emb = self.embed(model, tokenizer, distinct, device, max_length, token_budget)
@@ -349,7 +351,7 @@ class RetrievalMetric(TaskMetric):
     def scores(self, partials, examples_meta, chunk: int = 512):
         """Per example: the 1-based rank of its own paragraph among all distinct paragraphs of the data (by
         text; the first embedding of each), ties counting against it -> ``recall@1`` (rank 1) and ``rr``."""
-        paragraphs = [_pair(e, self.name) for e in examples_meta]
+        paragraphs = [paired_text(e, self.name) for e in examples_meta]
         first = {}
         for i, p in enumerate(paragraphs):
             first.setdefault(p, i)
@@ -399,7 +401,7 @@ class AccuracyMetric(TaskMetric):
         enc = tokenizer(texts, pairs, **kw) if all(p is not None for p in pairs) else tokenizer(texts, **kw)
         pred = np.zeros(len(examples), np.int64)
         for idx, _, o in _batches(
-            model, tokenizer, [_features(enc, i) for i in range(len(examples))], device, token_budget
+            model, tokenizer, [encoded_features(enc, i) for i in range(len(examples))], device, token_budget
         ):
             pred[idx] = o.logits.float().argmax(-1).cpu().numpy()
         return {"pred": pred, "target": target}

@@ -13,11 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rapids_attn"
 
 #: private names still used through a module attribute (``module._name``), to be made public; this list
 #: only shrinks (issue 36)
-KNOWN_ATTRIBUTE_USES = {
-    ("rapids_attn/heads/losses.py", "rapids_attn.heads.metrics", "_features"),
-    ("rapids_attn/heads/losses.py", "rapids_attn.heads.metrics", "_forward_inputs"),
-    ("rapids_attn/heads/losses.py", "rapids_attn.heads.metrics", "_pair"),
-}
+KNOWN_ATTRIBUTE_USES: set = set()
 
 
 def _private(name: str) -> bool:

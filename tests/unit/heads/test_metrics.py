@@ -359,7 +359,7 @@ def test_cpu_batches_do_not_pad_short_inputs_to_a_long_one(tok, monkeypatch):
     model = tiny(BertModel, tok)
     texts = ["word " * 120] + ["a short one"] * 20
     enc = tok(texts, truncation=True, max_length=128)
-    features = [M._features(enc, i) for i in range(len(texts))]
+    features = [M.encoded_features(enc, i) for i in range(len(texts))]
 
     def run(device):
         got = {}
