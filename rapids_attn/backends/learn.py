@@ -9,8 +9,9 @@ signature has moved (cuML's PCA, for one, takes no ``random_state``: its solvers
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,12 +39,21 @@ class EstimatorLibrary:
 
     Adding a learn backend is one subclass registered in :data:`LIBRARIES` under the name
     ``LearnBackend.name`` takes (:func:`rapids_attn.devices.resolve_learn_backend` decides which one a job
-    gets). Every method is a staticmethod: the library holds no state, and a :class:`LearnBackend` is
-    rebuilt from its name where it is unpickled. ``dask_pca`` and ``dask_kmeans`` are the multi-GPU fit's
-    (cuml.dask); a library without them refuses a spread fit."""
+    gets). A subclass names where its estimator classes come from (:attr:`classes`); their arguments are
+    written once, here, for every library, and a subclass overrides a builder only where its library's
+    arguments differ. The library holds no state, and a :class:`LearnBackend` is rebuilt from its name where
+    it is unpickled. ``dask_pca`` and ``dask_kmeans`` are the multi-GPU fit's (cuml.dask); a library without
+    them refuses a spread fit."""
 
     #: whether arrays live on a GPU (the backend's ``gpu``)
-    gpu: bool = False
+    gpu: ClassVar[bool] = False
+    #: each estimator's class, ``"module:Class"``, imported when first built
+    classes: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def estimator_class(cls, what: str):
+        module, name = cls.classes[what].split(":")
+        return getattr(importlib.import_module(module), name)
 
     @staticmethod
     def array_module():
@@ -58,29 +68,31 @@ class EstimatorLibrary:
     def to_numpy(x, xp) -> np.ndarray:
         return np.asarray(x)
 
-    @staticmethod
-    def pca(n_components: int, seed: int):
-        raise NotImplementedError
+    @classmethod
+    def pca(cls, n_components: int, seed: int):
+        return cls.estimator_class("pca")(n_components=n_components, random_state=seed)
 
-    @staticmethod
-    def kmeans(n_clusters: int, seed: int):
-        raise NotImplementedError
+    @classmethod
+    def kmeans(cls, n_clusters: int, seed: int):
+        return cls.estimator_class("kmeans")(**kmeans_args(n_clusters, seed))
 
-    @staticmethod
-    def dbscan(eps: float, min_samples: int):
-        raise NotImplementedError
+    @classmethod
+    def dbscan(cls, eps: float, min_samples: int):
+        return cls.estimator_class("dbscan")(eps=eps, min_samples=min_samples)
 
-    @staticmethod
-    def hdbscan(min_cluster_size: int, min_samples: int):
-        raise NotImplementedError
+    @classmethod
+    def hdbscan(cls, min_cluster_size: int, min_samples: int):
+        return cls.estimator_class("hdbscan")(min_cluster_size=min_cluster_size, min_samples=min_samples)
 
-    @staticmethod
-    def umap(n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
-        raise NotImplementedError
+    @classmethod
+    def umap(cls, n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+        return cls.estimator_class("umap")(
+            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
+        )
 
-    @staticmethod
-    def nearest_neighbors():
-        raise NotImplementedError
+    @classmethod
+    def nearest_neighbors(cls):
+        return cls.estimator_class("nearest_neighbors")(n_neighbors=1)
 
     @staticmethod
     def dask_pca(client, n_components: int):
@@ -94,54 +106,42 @@ class EstimatorLibrary:
 class ScikitLearn(EstimatorLibrary):
     """scikit-learn (and umap-learn) on NumPy arrays: the CPU backend."""
 
-    @staticmethod
-    def pca(n_components: int, seed: int):
-        from sklearn.decomposition import PCA
+    classes: ClassVar[dict[str, str]] = {
+        "pca": "sklearn.decomposition:PCA",
+        "kmeans": "sklearn.cluster:KMeans",
+        "dbscan": "sklearn.cluster:DBSCAN",
+        "hdbscan": "sklearn.cluster:HDBSCAN",
+        "umap": "umap:UMAP",
+        "nearest_neighbors": "sklearn.neighbors:NearestNeighbors",
+    }
 
-        return PCA(n_components=n_components, random_state=seed)
-
-    @staticmethod
-    def kmeans(n_clusters: int, seed: int):
-        from sklearn.cluster import KMeans
-
-        return KMeans(**kmeans_args(n_clusters, seed))
-
-    @staticmethod
-    def dbscan(eps: float, min_samples: int):
-        from sklearn.cluster import DBSCAN
-
-        return DBSCAN(eps=eps, min_samples=min_samples)
-
-    @staticmethod
-    def hdbscan(min_cluster_size: int, min_samples: int):
-        from sklearn.cluster import HDBSCAN
-
+    @classmethod
+    def hdbscan(cls, min_cluster_size: int, min_samples: int):
         # copy=True: the future default, named so scikit-learn 1.8+ does not print a FutureWarning into the run
-        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, copy=True)
+        return cls.estimator_class("hdbscan")(min_cluster_size=min_cluster_size, min_samples=min_samples, copy=True)
 
-    @staticmethod
-    def umap(n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+    @classmethod
+    def umap(cls, n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
         try:
-            from umap import UMAP
+            return super().umap(n_components, n_neighbors, min_dist, metric, seed)
         except ImportError:
             raise BackendUnavailableError(
                 "reduce.umap.enabled: umap-learn is not installed; pip install umap-learn"
             ) from None
-        return UMAP(
-            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
-        )
-
-    @staticmethod
-    def nearest_neighbors():
-        from sklearn.neighbors import NearestNeighbors
-
-        return NearestNeighbors(n_neighbors=1)
 
 
 class CuML(EstimatorLibrary):
     """cuML on CuPy arrays: the GPU backend, and cuml.dask for the fit spread over GPU workers."""
 
-    gpu = True
+    gpu: ClassVar[bool] = True
+    classes: ClassVar[dict[str, str]] = {
+        "pca": "cuml.decomposition:PCA",
+        "kmeans": "cuml.cluster:KMeans",
+        "dbscan": "cuml.cluster:DBSCAN",
+        "hdbscan": "cuml.cluster:HDBSCAN",
+        "umap": "cuml.manifold:UMAP",
+        "nearest_neighbors": "cuml.neighbors:NearestNeighbors",
+    }
 
     @staticmethod
     def array_module():
@@ -160,43 +160,15 @@ class CuML(EstimatorLibrary):
     def to_numpy(x, xp) -> np.ndarray:
         return x if isinstance(x, np.ndarray) else xp.asnumpy(x)
 
-    @staticmethod
-    def pca(n_components: int, seed: int):
-        from cuml.decomposition import PCA
+    @classmethod
+    def pca(cls, n_components: int, seed: int):
+        return cls.estimator_class("pca")(n_components=n_components)  # deterministic (full SVD): no seed
 
-        return PCA(n_components=n_components)  # deterministic (full SVD / eigendecomposition): no seed
-
-    @staticmethod
-    def kmeans(n_clusters: int, seed: int):
-        from cuml.cluster import KMeans
-
-        return KMeans(**kmeans_args(n_clusters, seed))
-
-    @staticmethod
-    def dbscan(eps: float, min_samples: int):
-        from cuml.cluster import DBSCAN
-
-        return DBSCAN(eps=eps, min_samples=min_samples)
-
-    @staticmethod
-    def hdbscan(min_cluster_size: int, min_samples: int):
-        from cuml.cluster import HDBSCAN
-
-        return HDBSCAN(min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True)
-
-    @staticmethod
-    def umap(n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
-        from cuml.manifold import UMAP
-
-        return UMAP(
-            n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
+    @classmethod
+    def hdbscan(cls, min_cluster_size: int, min_samples: int):
+        return cls.estimator_class("hdbscan")(
+            min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True
         )
-
-    @staticmethod
-    def nearest_neighbors():
-        from cuml.neighbors import NearestNeighbors
-
-        return NearestNeighbors(n_neighbors=1)
 
     @staticmethod
     def dask_pca(client, n_components: int):

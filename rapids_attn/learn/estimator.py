@@ -96,8 +96,11 @@ class MapClusterer:
         est.k_sweep_ = k_sweep
         return est
 
+    def _backend(self) -> LearnBackend:
+        return self.backend or LearnBackend("sklearn", "scikit-learn")
+
     def _start(self) -> LearnBackend:
-        self.backend_ = self.backend or LearnBackend("sklearn", "scikit-learn")
+        self.backend_ = self._backend()
         self._fits = self.fits or KMeansFits(self.backend_)
         self.k_sweep_ = None
         self.embedding_ = self.labels_ = None
@@ -107,14 +110,14 @@ class MapClusterer:
 
     def reducers(self, dim: int):
         """``(pca, umap)``, unfitted, as :meth:`fit` builds them for ``dim``-wide features (umap None when off)."""
-        b, u = self.backend or LearnBackend("sklearn", "scikit-learn"), self.reduce.umap
+        b, u = self._backend(), self.reduce.umap
         pca = b.pca(min(self.reduce.pca_components, dim), self.seed)
         return pca, (b.umap(u.n_components, u.n_neighbors, u.min_dist, u.metric, self.seed) if u.enabled else None)
 
     def make_clusterer(self, k: int | None = None):
         """The clusterer, unfitted, as :meth:`fit` builds it (KMeans with ``k``: ``n_clusters``, or the sweep's
         pick)."""
-        c, b = self.cluster, self.backend or LearnBackend("sklearn", "scikit-learn")
+        c, b = self.cluster, self._backend()
         if c.method == "kmeans":
             return b.kmeans(c.n_clusters if k is None else k, self.seed)
         if c.method == "dbscan":
