@@ -4,11 +4,14 @@ They live beside the package, not in it (as scikit-learn's asv_benchmarks do): t
 checkout's jobs/ and the sibling ../shared data, which an installed wheel has neither of.
 """
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +28,26 @@ def machine_info(**extra) -> dict:
     info.update(extra)
     info.update(commit=commit or "unknown", date=time.strftime("%Y-%m-%d %H:%M %Z"))
     return info
+
+
+@contextlib.contextmanager
+def scratch(prefix: str = "rapids-attn-bench-"):
+    """One folder for everything a benchmark run writes to temporary folders (its cases' run folders, data
+    segments, codec trials), removed when the run ends, however it ends. It is TMPDIR for this process and
+    for the case processes it starts (``run_in_process``), so a case's ``tempfile.mkdtemp`` lands inside it:
+    a benchmark leaves nothing behind in /tmp, where hundreds of runs once filled the disk."""
+    old_env, old_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    d = tempfile.mkdtemp(prefix=prefix)
+    os.environ["TMPDIR"], tempfile.tempdir = d, d
+    try:
+        yield Path(d)
+    finally:
+        tempfile.tempdir = old_dir
+        if old_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_env
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def run_in_process(module: str, *args: str) -> dict:

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import run_in_process
+from benchmarks import run_in_process, scratch
 
 #: The repository root: each case runs as ``python -m benchmarks.case`` from here.
 REPO = Path(__file__).resolve().parent.parent
@@ -99,6 +99,11 @@ def main(argv=None) -> int:
     if not Path(args.data).is_file():
         print(f"error: --data: no such file: {args.data}", file=sys.stderr)
         return 2
+    with scratch():  # every case's run folder, removed at the end
+        return _run(args)
+
+
+def _run(args) -> int:
     base = {"data": str(Path(args.data).resolve()), "device": args.device, "model": args.model}
     n, nn = args.examples, args.naive_examples
     print(f"rapids_attn benchmark: {n} examples ({nn} for the naive baseline), device {args.device}", file=sys.stderr)

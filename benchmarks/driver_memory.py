@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import run_in_process
+from benchmarks import run_in_process, scratch
 
 REPO = Path(__file__).resolve().parent.parent
 FIELDS = {"text_fields": ["text"], "id_field": "id", "group_field": "topic", "label_field": "label"}
@@ -217,6 +217,11 @@ def main(argv=None) -> int:
     if args.case:
         print("RESULT " + json.dumps(case(json.loads(args.case))), flush=True)
         return 0
+    with scratch("drvmem-"):  # every case's run folder, removed at the end
+        return _run(args)
+
+
+def _run(args) -> int:
     formats = args.formats.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="drvmem-data-"))

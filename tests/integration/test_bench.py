@@ -4,6 +4,7 @@ checks what each number means, never how fast anything was (timings belong in do
 not in tests)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,11 @@ from helpers import REPO, SHARED_SQUAD
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_quick_benchmark_runs_every_case(tmp_path):
     """Every case in its own process, once (one round: how rounds deal the naive and matched cases their
-    segments and add them up is test_rounds_deal_the_segments_and_add_up's, without processes)."""
+    segments and add them up is test_rounds_deal_the_segments_and_add_up's, without processes). Every
+    case's run folder lies in one scratch folder that is gone at the end: nothing is left in TMPDIR."""
     out = tmp_path / "bench.json"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     p = subprocess.run(
         [
             sys.executable,
@@ -36,8 +40,10 @@ def test_quick_benchmark_runs_every_case(tmp_path):
         capture_output=True,
         text=True,
         timeout=1200,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    assert list(tmp.iterdir()) == []
     R = json.loads(out.read_text())
     for key in (
         "pipeline",
@@ -310,3 +316,27 @@ def test_a_timed_job_imports_this_checkouts_package(tmp_path, monkeypatch):
     _, p = timed([sys.executable, "-c", "import rapids_attn; print(rapids_attn.__file__)"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert Path(p.stdout.strip()).resolve() == (REPO / "rapids_attn" / "__init__.py").resolve()
+
+
+def test_scratch_removes_its_folder_and_restores_tmpdir(tmp_path, monkeypatch):
+    """benchmarks.scratch: TMPDIR for this process and its children while it lasts; afterwards the folder is
+    gone, even when the benchmark fails, and TMPDIR is what it was."""
+    import tempfile
+
+    from benchmarks import scratch
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(RuntimeError), scratch() as d:
+        assert os.environ["TMPDIR"] == str(d) and d.parent == tmp_path
+        made = Path(tempfile.mkdtemp(prefix="bench-"))
+        assert made.parent == d
+        out = subprocess.run(
+            [sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        assert Path(out.stdout.strip()).parent == d
+        raise RuntimeError("a case failed")
+    assert not d.exists() and os.environ["TMPDIR"] == str(tmp_path) and tempfile.tempdir is None
