@@ -1,5 +1,5 @@
-"""Imported last by the local workers' fork server (:data:`rapids_attn.runtime.WORKER_MODULES`), after the
-modules its workers need.
+"""Imported last by the local workers' fork server (:func:`rapids_attn.processes.worker_modules`), after the
+modules its workers need: the piece ``server-freeze`` of :mod:`rapids_attn.processes`, which says what it saves.
 
 It collects what the imports left and freezes the rest (``gc.freeze``), as Python's documentation advises
 for a process that forks without exec: a worker forked from the server never walks the imported modules'

@@ -17,7 +17,6 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from functools import partial
 
 import yaml
 
@@ -274,8 +273,8 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bo
     stages = default_stages(cfg) if stages is None else stages
     if overwrite and "extract" not in stages:
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
-    if worker_stages() & set(stages):  # the workers' imports run beside the checks (runtime.start_worker_server)
-        from rapids_attn.runtime import start_worker_server
+    if worker_stages() & set(stages):  # the workers' imports run beside the checks (processes.start_worker_server)
+        from rapids_attn.processes import start_worker_server
 
         start_worker_server(cfg.runtime)
     plan = preflight(cfg, stages, overwrite)
@@ -307,12 +306,7 @@ def _run_stages(cfg: JobConfig, plan: RunPlan) -> dict:
                 client = _start_cluster(cfg, ctx, cluster_scope)
                 ctx.timings["cluster_start"] = time.perf_counter() - t  # workers up (not loaded: see extract)
             t = time.perf_counter()
-            nxt = built[i + 1] if i + 1 < len(built) else None
-            if nxt is not None:  # the next stage's imports, once this one's last tasks leave workers idle
-                keeps = client is not None and using and i < using[-1] and nxt.uses_cluster(ctx)
-                ctx.warm_next_stage = partial(nxt.warm, ctx, client if keeps else None)
             result = st.run(ctx, client if st.uses_cluster(ctx) else None)
-            ctx.warm_next_stage = None
             result.seconds = time.perf_counter() - t
             ctx.timings[st.name] = result.seconds
             ctx.results[st.name] = result

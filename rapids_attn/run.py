@@ -167,11 +167,11 @@ def fail(message: str, code: int, verbose: bool) -> int:
 
 
 def end_worker_server() -> None:
-    """A job that ends early ends the fork server it started (``start_workers_server_early``): one still importing
+    """A job that ends early ends the fork server it started (:func:`rapids_attn.processes.start_server_early`): one still importing
     torch would hold the job's output streams open for seconds after its exit."""
-    runtime = sys.modules.get("rapids_attn.runtime")  # not imported: no server was started
-    if runtime is not None:
-        runtime.stop_worker_server()
+    processes = sys.modules.get("rapids_attn.processes")  # not imported: no server was started
+    if processes is not None:
+        processes.stop_worker_server()
 
 
 def overrides_in_order(argv: list[str]) -> list[str]:
@@ -190,18 +190,6 @@ def overrides_in_order(argv: list[str]) -> list[str]:
         else:
             taking = False
     return out
-
-
-def start_workers_server_early(cfg, stages: str | None) -> None:
-    """The local workers' fork server, started as soon as the job is read (before the pipeline's own imports,
-    1.5 s of torch and the stages), when a stage this run may run uses workers: its imports are what starting
-    the workers waits for (``run_job`` starts it too, a no-op once it runs)."""
-    from rapids_attn.runtime import start_worker_server
-    from rapids_attn.stage import WORKER_STAGES
-
-    named = None if stages is None else {s.strip() for s in stages.split(",")}
-    if named is None or WORKER_STAGES & named:  # every default run has extract
-        start_worker_server(cfg.runtime)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             from rapids_attn.job import load_job
 
             cfg = load_job(args.job, overrides)
+            from rapids_attn.processes import start_server_early, turned_off
+
+            turned_off()  # a name in RAPIDS_ATTN_WITHOUT that is no piece: one line, exit 2
             if not args.check:
-                start_workers_server_early(cfg, args.stages)
+                start_server_early(cfg, args.stages)
             from rapids_attn.pipeline import parse_stages, preflight, run_job  # torch and the stages: 1.5 s
 
             stages = parse_stages(args.stages, cfg)
@@ -288,25 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def exit_without_teardown(status: dict) -> None:
-    """At exit, after every other handler (it is registered before any of them): when ``main`` returned
-    (``status["code"]``), leave with that code without the interpreter's teardown. Every output is written
-    and closed by then, the logs are shut down here and the standard streams flushed; what is skipped is the
-    last garbage collection over every object the job left (torch's, transformers'): 1.6 s after a
-    500-question job, in which the user's shell waits. When ``main`` raised, the interpreter ends as usual."""
-    if "code" not in status:
-        return
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(status["code"])
-
-
 if __name__ == "__main__":
     import atexit
 
     _status: dict = {}
+    from rapids_attn.processes import exit_without_teardown
+
     atexit.register(exit_without_teardown, _status)  # first registered: it runs last
     _status["code"] = main()
     sys.exit(_status["code"])

@@ -254,8 +254,17 @@ def _empty_dir(p: Path) -> bool:
 
 #: what the explain stage writes from the store: it describes the store as it was when explain last ran
 EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "head_classes.json", "report")
-#: the stages that change the store: a run of one of them without explain makes the explain outputs stale
-STORE_STAGES = frozenset({"extract", "learn", "heads", "relevance"})
+
+
+def store_stages() -> frozenset[str]:
+    """The stages that change the store, read from the registry (a stage's
+    :attr:`~rapids_attn.stage.Stage.provides`): a run of one of them without explain makes the explain
+    outputs stale. Explain itself writes to the store too, and writes those outputs anew."""
+    from rapids_attn.stage import registered_stages
+
+    return frozenset(name for name, st in registered_stages().items() if st.provides and name != "explain")
+
+
 REPORT = "report"
 #: the files the explain stage writes under ``report/``, by folder (relative to it) and name pattern; nothing
 #: else there is rapids_attn's (kept in step with explain.report, explain.headview and explain.explorer, and
@@ -337,7 +346,7 @@ def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
     manifest, then empty, stays with them (a file of theirs named as ours is never taken for ours later).
     Called only once every check of the run has passed (preflight, then the lock). Returns the names removed."""
     run_dir = Path(run_dir)
-    if "explain" in stages or not STORE_STAGES & set(stages) or read_marker(run_dir) is None:
+    if "explain" in stages or not store_stages() & set(stages) or read_marker(run_dir) is None:
         return []
     removed = []
     for name in EXPLAIN_OUTPUTS:

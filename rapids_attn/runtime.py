@@ -38,6 +38,7 @@ from distributed import WorkerPlugin
 
 from rapids_attn.devices import cuda_device_count
 from rapids_attn.errors import BackendUnavailableError, JobConfigError
+from rapids_attn.processes import environ_kept_of_workers, start_worker_server, worker_allocator_env
 
 log = logging.getLogger(__name__)
 
@@ -158,69 +159,10 @@ def sigint_blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-@contextlib.contextmanager
-def worker_allocator_env():
-    """Start local worker processes with glibc's own malloc tuning, not distributed's.
-
-    distributed sets ``MALLOC_TRIM_THRESHOLD_=65536`` in every worker it spawns (its
-    ``distributed.nanny.pre-spawn-environ``). Setting any of glibc's thresholds turns off its dynamic mmap
-    threshold: every allocation over 128 KiB is then a fresh ``mmap`` whose pages fault in on first touch and
-    go back on free. The capture allocates blocks of scores of tens of MiB per layer, so a worker ran the
-    same forward about 20% slower than a plain process (docs/benchmarks.md, "The whole job against the bare
-    forward"). The worker gives its free heap back after each batch itself (``shard.trim_heap``), which is
-    what the setting was for. A value the user exported still wins: distributed prefers the environment."""
-    import dask
-
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-        yield
-
-
-@contextlib.contextmanager
-def environ_kept_of_workers():
-    """This process's environment as it was, on leaving, for the variables distributed sets for its workers.
-
-    A nanny writes its ``distributed.nanny.pre-spawn-environ`` (``OMP_NUM_THREADS=1`` and the like) into the
-    job process's own environment before it starts each worker, and leaves them there. A later job in the same
-    process would read them as the user's: its workers' environment would differ from the fork server's, so
-    they would be spawned, and a process the job starts later would get one OpenMP thread."""
-    import dask
-
-    keys = set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}) | {"MALLOC_TRIM_THRESHOLD_"}
-    with environ_kept(keys):
-        yield
-
-
-@contextlib.contextmanager
-def environ_kept(keys):
-    """This process's environment variables ``keys`` as they were, on leaving (set again, or removed)."""
-    old = {k: os.environ.get(k) for k in keys}
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def worker_modules() -> tuple[str, ...]:
-    """What a local worker process imports before its first task can run (about 3 s of a 2-core machine's CPU per
-    worker): the fork server imports them once, and every worker forks from it with them in memory.
-
-    ``distributed``, then every registered stage's :attr:`~rapids_attn.stage.Stage.worker_modules` (the stages
-    that run on the workers, in the registry's order, each module once: torch, transformers' model and tokenizer
-    modules, ``rapids_attn.extract.shard``, ``rapids_attn.heads.work``, ``rapids_attn.relevance.work``), and last
-    :mod:`rapids_attn._fork_ready`, which freezes what the others imported. The same for every run of a process,
-    whichever stages it runs: the server is started once."""
-    from rapids_attn.stage import registered_stages
-
-    stage_modules = [m for st in registered_stages().values() if st.runs_on_workers for m in st.worker_modules]
-    return tuple(dict.fromkeys(["distributed", *stage_modules, "rapids_attn._fork_ready"]))
-
-
 def __getattr__(name: str):
-    if name == "WORKER_MODULES":  # the name before worker_modules() read them from the stages
+    if name == "WORKER_MODULES":  # the name before processes.worker_modules() read them from the stages
+        from rapids_attn.processes import worker_modules
+
         return worker_modules()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -259,88 +201,6 @@ def job_threadpools():
 
     with threadpool_limits(limits=job_threads()):
         yield
-
-
-_server_env: dict[str, str] | None = None  # the environment the fork server of this process was started with
-_server_pid: int | None = None  # and its process id: a server started again by another (distributed) is not ours
-
-
-def worker_env() -> dict[str, str]:
-    """The variables distributed sets for a local worker process before it starts: its
-    ``distributed.nanny.pre-spawn-environ`` (less ``MALLOC_TRIM_THRESHOLD_``, :func:`worker_allocator_env`), a
-    value the user exported winning, and the nanny's ``PYTHONHASHSEED``."""
-    import dask
-
-    with worker_allocator_env():  # read inside: dask.config.get returns the live mapping, restored on leaving
-        env = {
-            k: os.environ.get(k, str(v))
-            for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
-            if v is not None
-        }
-    if env.get("PYTHONHASHSEED") in (None, "0"):  # as distributed's Nanny: one seed for every worker
-        env["PYTHONHASHSEED"] = "6640"
-    return env
-
-
-def start_worker_server(cfg) -> bool:
-    """Start (or find running) the fork server a local cluster's worker processes fork from; returns whether
-    this cluster's workers can fork from it (``runtime.cluster: local`` with processes, where the platform has
-    the ``forkserver`` start method).
-
-    A worker spawned afresh imports torch, transformers and the job's modules before its first task (about 3 s
-    on two cores, each worker at once). The fork server is a fresh interpreter that imports them once
-    (:func:`worker_modules`); :func:`rapids_attn.pipeline.run_job` starts it before its preflight, so the
-    imports run beside the job's checks, and each worker starts as a fork of it with the modules in memory.
-    The server starts with the environment a spawned worker would get (:func:`worker_env`: glibc reads its
-    malloc settings at a process's start, and a fork keeps them) and with SIGINT blocked
-    (:func:`sigint_blocked`), which its forks inherit. A server already running with another environment (a
-    later job in this process changed it), or one this function did not start, is left alone: that cluster's
-    workers are spawned as before."""
-    global _server_env, _server_pid
-    import multiprocessing
-
-    if cfg.cluster != "local" or not cfg.processes or "forkserver" not in multiprocessing.get_all_start_methods():
-        return False
-    from multiprocessing import forkserver
-
-    env = worker_env()
-    running = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if (_server_env is not None and _server_env != env) or (running is not None and running != _server_pid):
-        return False
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(worker_modules()))
-    try:
-        with environ_kept(env), sigint_blocked():
-            os.environ.update(env)
-            forkserver.ensure_running()  # a no-op while it runs; started (or started again) otherwise
-    except (OSError, ValueError) as e:  # the platform refused: spawn, as before
-        log.debug("no fork server (%s): local workers are spawned", e)
-        return False
-    _server_env, _server_pid = env, getattr(forkserver._forkserver, "_forkserver_pid", None)
-    return True
-
-
-def stop_worker_server() -> None:
-    """End the fork server this process started (:func:`start_worker_server`), when the job ends early (bad
-    input, Ctrl-C, a failure). A server still importing its modules blocks SIGINT and would only notice the job's
-    exit once its imports end, seconds later, holding the job's output streams open all that while (a shell
-    pipe or ``$(...)`` waits for it); SIGTERM ends it at once. Workers forked from it are separate processes,
-    closed with their cluster before this runs."""
-    global _server_env, _server_pid
-    pid, _server_pid, _server_env = _server_pid, None, None
-    if pid is None:
-        return
-    from multiprocessing import forkserver
-
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGTERM)
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) == pid:
-        # multiprocessing's own stop: closes its end, reaps the server and forgets it (a later job starts anew)
-        with contextlib.suppress(Exception):  # a private method: the server is ended either way
-            forkserver._forkserver._stop()
-            return
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, 0)  # no zombie while this process lives on (tests, the API)
 
 
 class IgnoreSigint(WorkerPlugin):

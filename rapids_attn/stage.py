@@ -19,7 +19,7 @@ so it can be built and run without a job file. It declares:
   - ``runs_on_workers``: its work is tasks on the local cluster's workers, each with a model of its own, so a run
     that includes it starts the workers' fork server before its preflight (:func:`worker_stages`);
   - ``worker_modules``: what those workers import before their first task; the fork server imports them once
-    (:func:`rapids_attn.runtime.worker_modules`), so a worker forked from it has them in memory;
+    (:func:`rapids_attn.processes.worker_modules`), so a worker forked from it has them in memory;
   - ``summarised``: the explain stage's summary already carries this stage's result, so ``summary.json`` does not
     repeat it under the stage's name;
   - :meth:`Stage.report_section`: how the explain stage reports it (a :class:`ReportSection`: what it adds to
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,15 +89,6 @@ class RunContext:
     results: dict[str, StageResult] = field(default_factory=dict)
     #: seconds per step of this run (preflight and each stage), filled by the pipeline
     timings: dict[str, float] = field(default_factory=dict)
-    #: set by the pipeline while a stage runs: the next stage's :meth:`Stage.warm`, bound to this run. A stage
-    #: whose last tasks leave workers idle calls it once (:meth:`warm_next`), so those cores are not left idle
-    warm_next_stage: Callable[[], None] | None = None
-
-    def warm_next(self) -> None:
-        """Start the next stage's imports now, once (a no-op when there is no next stage, or after the first)."""
-        warm, self.warm_next_stage = self.warm_next_stage, None
-        if warm is not None:
-            warm()
 
     @property
     def store_path(self) -> Path:
@@ -115,7 +106,7 @@ class Stage(ABC):
     #: :meth:`uses_cluster`, which says, per run, whether :meth:`run` needs the Dask client at all
     runs_on_workers: ClassVar[bool] = False
     #: the modules its workers import before their first task (its task functions' module, torch, ...): the fork
-    #: server a local cluster's workers fork from imports them once (:func:`rapids_attn.runtime.worker_modules`)
+    #: server a local cluster's workers fork from imports them once (:func:`rapids_attn.processes.worker_modules`)
     worker_modules: ClassVar[tuple[str, ...]] = ()
     #: the explain stage's summary already carries this stage's result (read back from the store, or through its
     #: :meth:`report_section`), so ``summary.json`` does not repeat it under the stage's name
@@ -144,11 +135,6 @@ class Stage(ABC):
     def uses_cluster(self, ctx: RunContext) -> bool:
         """True when :meth:`run` needs the Dask client."""
         return False
-
-    def warm(self, ctx: RunContext, client=None) -> None:
-        """While the stage before this one runs its last tasks on fewer workers than there are: start what
-        this stage would otherwise wait for first (imports here and, given ``client`` (when :meth:`uses_cluster`),
-        on the workers), without blocking. The default does nothing."""
 
     @abstractmethod
     def run(self, ctx: RunContext, client=None) -> StageResult:

@@ -160,8 +160,6 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
             "silhouette_sample": learn.get("silhouette_sample"),
             # KMeans: ARI of the fit against refits with other seeds (1: the seed does not matter)
             "stability": learn.get("stability"),
-            # KMeans: the workers the k sweep's fits and the stability refits ran on (0: the job process)
-            "kmeans_workers": learn.get("kmeans_workers"),
             "n_fit": learn.get("n_fit"),
             "pca_components": learn.get("pca_components"),
             "pca_explained_variance": learn.get("pca_explained_variance"),

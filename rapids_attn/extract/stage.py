@@ -180,12 +180,9 @@ class ExtractStage(Stage):
         with progress(len(tasks), "extract") as bar:
             futures = client.map(process_shard, tasks, pure=False) if tasks else []
             n_maps = 0
-            n_workers = len(client.nthreads()) if futures else 0
             for fut in as_completed(futures):
                 r = fut.result()
                 results.append(r)
-                if len(futures) - len(results) < n_workers:  # a worker has no shard left: the tail
-                    ctx.warm_next()
                 n_maps += r.n_maps
                 bar.update(1)
                 bar.set_postfix(maps=f"{n_maps:,}", refresh=False)

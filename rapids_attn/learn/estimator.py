@@ -29,7 +29,7 @@ class MapClusterer:
     backend:
         Where the fit runs (:class:`rapids_attn.backends.LearnBackend`); None is scikit-learn.
     fits:
-        Where KMeans's extra fits run (the k sweep's and the stability refits,
+        What runs KMeans's extra fits (the k sweep's and the stability refits,
         :class:`rapids_attn.learn.kmeans_fits.KMeansFits`); None runs them here.
 
     Fitted attributes
@@ -61,8 +61,6 @@ class MapClusterer:
         self.seconds_ = {"reduce_fit": t1 - t0, "k_sweep": 0.0}
         k = None
         if c.method == "kmeans":
-            if c.n_clusters != "auto":  # the stability refits' k is known: on the workers first (the largest fits)
-                self._fits.start("fit", z, [(int(c.n_clusters), s) for s in self.stability_seeds()])
             if c.k_sweep is not None:
                 self.k_sweep_ = sweep_k(
                     b, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed, c.stability_seeds > 0, self._fits
@@ -73,7 +71,6 @@ class MapClusterer:
                 k = self.k_sweep_["best_silhouette_k"] or c.k_sweep[0]
             if self.k_sweep_ is not None:
                 self.k_sweep_["chosen"] = int(k)
-            self._fits.start("fit", z, [(int(k), s) for s in self.stability_seeds()])  # beside the fit below
         self.clusterer_ = self.make_clusterer(k)
         self.n_clusters_ = None if k is None else int(k)
         labels = self.clusterer_.fit_predict(z)

@@ -39,7 +39,6 @@ import zarr
 from rapids_attn.backends import LearnBackend
 from rapids_attn.devices import gpu_ids, one_worker_per_gpu, supports_multi_gpu
 from rapids_attn.learn.estimator import MapClusterer
-from rapids_attn.learn.kmeans_fits import KMeansFits
 from rapids_attn.learn.storeio import add_counts, blocks, output_arrays, read_sample, sample_maps, write_block
 from rapids_attn.store import schema as S
 from rapids_attn.store.zarr_store import mark_complete, read_strings
@@ -143,7 +142,6 @@ def fit_store(
     idx = sample_maps(n_maps, reduce.fit_sample, seed, groups, nl * nh)
     counts: dict[int, int] = {}
     placement = None
-    kmeans_workers = 0
     if spread:
         from rapids_attn.learn.spread import SpreadFit
 
@@ -166,17 +164,12 @@ def fit_store(
         finally:
             fit.release()
     else:
-        fits = KMeansFits(backend, client)  # the extra KMeans fits run on the workers of a CPU cluster, if any
-        try:
-            x_fit = read_sample(backend, feats, idx, rows)
-            timings["read_sample"] = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            model = MapClusterer(reduce, cluster, seed, backend, fits).fit(x_fit)
-            stability = model.seed_stability()
-        finally:
-            fits.release()
+        x_fit = read_sample(backend, feats, idx, rows)
+        timings["read_sample"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        model = MapClusterer(reduce, cluster, seed, backend).fit(x_fit)
+        stability = model.seed_stability()
         timings["fit"] = time.perf_counter() - t1
-        kmeans_workers = fits.n_workers
         timings.update(model.seconds_)
         k = int(getattr(model.pca_, "n_components_", None) or min(reduce.pca_components, d))
         outputs = output_arrays(g, e, nl, nh, rows, k)
@@ -207,7 +200,6 @@ def fit_store(
         "silhouette_sample": min(cluster.silhouette_sample, len(idx)),
         "stability": stability,
         "k_sweep": model.k_sweep_,
-        "kmeans_workers": kmeans_workers,
         "fit_worker": _worker_address(),  # None: this fit ran in the job process (fit_worker says when not)
         "sample_by": reduce.sample_by,
         "seconds": timings,

@@ -1,5 +1,5 @@
 """KMeans's extra fits: the k sweep (inertia, silhouette and seed stability for each k) and the stability
-refits of the fit sample, run on the workers of a CPU cluster (:class:`KMeansFits`) or here, one after another.
+refits of the fit sample, run here, one after another (:class:`KMeansFits`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def seed_agreement(
     backend: LearnBackend, z, labels, k: int, seeds: list[int], fits: KMeansFits | None = None, name: str = "fit"
 ) -> list[float]:
     """The adjusted Rand index of ``labels`` (a KMeans fit of ``z``) against a KMeans refit of ``z`` with
-    each of ``seeds``: 1 means the clusters do not depend on the seed. The refits are ``fits``'s (started
-    on the workers beforehand, under ``name``), or run here."""
+    each of ``seeds``: 1 means the clusters do not depend on the seed. The refits are ``fits``'s (named
+    ``name``)."""
     from sklearn.metrics import adjusted_rand_score
 
     fits = fits or KMeansFits(backend)
@@ -27,18 +27,17 @@ def seed_agreement(
 
 
 def import_estimators() -> None:
-    """Import the CPU fit's estimators (scikit-learn: about 1 s), ahead of the fit (LearnStage.warm)."""
+    """Import the CPU fit's estimators (scikit-learn: about 1 s) before the fit sets the thread pools."""
     import sklearn.cluster
     import sklearn.decomposition
     import sklearn.metrics  # noqa: F401
 
 
 def kmeans_fit(backend: LearnBackend, z, k: int, seed: int) -> tuple[np.ndarray, float]:
-    """One KMeans fit of ``z``: its labels (int32, on the host) and inertia. A worker's task, or run here.
+    """One KMeans fit of ``z``: its labels (int32, on the host) and inertia.
 
-    On one thread wherever it runs: scikit-learn's KMeans rounds differently on one and on several threads (the
-    labels of a few thousand maps differed in 4 of 50 fits), and a worker runs one thread, so the k sweep and the
-    stability figures are the same whether the workers or this process fit them."""
+    On one thread: scikit-learn's KMeans rounds differently on one and on several threads (the labels of a few
+    thousand maps differed in 4 of 50 fits), and the k sweep's and stability figures were recorded on one."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
@@ -49,59 +48,20 @@ def kmeans_fit(backend: LearnBackend, z, k: int, seed: int) -> tuple[np.ndarray,
 
 class KMeansFits:
     """The learn stage's extra KMeans fits (the k sweep's, each with a refit for its stability, and the
-    stability refits of the fit sample), each named by its data, k and seed.
+    stability refits of the fit sample), each named by its data, k and seed, run here when its result is asked
+    for, one after another, on one thread (:func:`kmeans_fit`).
 
-    With the client of a CPU cluster, :meth:`start` sends them to its workers (the data scattered to each
-    once), where they run at once, one per one-thread worker, while this process fits the clusters the
-    store gets and scores the silhouettes; :meth:`result` waits for one. Without a client (or on the GPU,
-    where one fit takes milliseconds), :meth:`start` does nothing and each fit runs here when its result is
-    asked for, one after another, as before. The figures are the same either way, up to the float rounding
-    of the threads a fit runs on."""
+    Until issue 36 a CPU cluster's workers ran them at once, beside the final fit here; measured in the whole
+    job, side by side, that saved nothing (``python -m benchmarks.processes``, the piece ``learn-on-workers``:
+    docs/benchmarks.md, "Process machinery, piece by piece"), so it was removed. A multi-GPU fit runs its
+    refits with cuml.dask instead (:mod:`rapids_attn.learn.spread`)."""
 
-    def __init__(self, backend: LearnBackend, client=None):
+    def __init__(self, backend: LearnBackend):
         self.backend = backend
-        self.client = client if client is not None and not backend.gpu else None
-        self._data: dict = {}
-        self._futures: dict = {}
-        self._warm = []
-        if (
-            self.client is not None
-        ):  # each worker imports scikit-learn (about 1 s) while this process reads and fits PCA
-            self._warm = [
-                self.client.submit(import_estimators, workers=[w], pure=False) for w in self.client.nthreads()
-            ]
-
-    @property
-    def n_workers(self) -> int:
-        """The workers the fits were sent to (0: they run in this process)."""
-        return len(self.client.nthreads()) if self.client is not None else 0
-
-    def start(self, name: str, z, fits: list[tuple[int, int]]) -> None:
-        """Send the fits ``(k, seed)`` of ``z`` to the workers, in this order (no-op without a client)."""
-        if self.client is None or not fits:
-            return
-        if name not in self._data:
-            self._data[name] = self.client.scatter(self.backend.to_numpy(z), broadcast=True, hash=False)
-        for k, seed in fits:
-            if (name, k, seed) not in self._futures:
-                fut = self.client.submit(kmeans_fit, self.backend, self._data[name], k, seed, pure=False)
-                self._futures[(name, k, seed)] = fut
 
     def result(self, name: str, z, k: int, seed: int) -> tuple[np.ndarray, float]:
-        """The fit ``(k, seed)`` of ``z``: the workers' (waited for), or run here."""
-        fut = self._futures.pop((name, k, seed), None)
-        if fut is None:
-            return kmeans_fit(self.backend, z, k, seed)
-        return fut.result()
-
-    def release(self) -> None:
-        """Cancel what was not asked for and drop the scattered data from the workers."""
-        if self.client is None:
-            return
-        self.client.cancel(list(self._futures.values()) + list(self._data.values()) + self._warm)
-        self._warm = []
-        self._futures.clear()
-        self._data.clear()
+        """The fit ``(k, seed)`` of ``z`` (``name``: which data, for a subclass that places fits elsewhere)."""
+        return kmeans_fit(self.backend, z, k, seed)
 
 
 def sweep_k(
@@ -120,14 +80,12 @@ def sweep_k(
 
     Every k's silhouette is scored on the same seeded ``sil_sample`` of the sweep's maps (those
     ``backend.silhouette`` draws), so their pairwise distances are computed once for the whole sweep, not
-    once per k, while they fit in :data:`SWEEP_DISTANCE_BYTES`. The fits are ``fits``'s: all started on the
-    workers at once when it has a client, while this process scores them in order of k."""
+    once per k, while they fit in :data:`SWEEP_DISTANCE_BYTES`. The fits are ``fits``'s, run in order of k."""
     fits = fits or KMeansFits(backend)
     n = z.shape[0]
     idx = sample_maps(n, sample, seed)
     zs = z[backend.xp.asarray(idx)] if backend.gpu else z[idx]
     ks = [k for k in range(k_range[0], k_range[1] + 1) if k < len(idx)]
-    fits.start("sweep", zs, [(k, s) for k in ks for s in ([seed, seed + 1] if stability else [seed])])
     scorer = _SweepSilhouette(backend, zs, sil_sample, seed)
     inertia, sil, agree = [], [], []
     for k in ks:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from dataclasses import dataclass, field
 
 from rapids_attn.stage import WORKER_STAGES, RunContext, Stage, StageResult
@@ -113,10 +112,9 @@ class LearnStage(Stage):
     def uses_cluster(self, ctx: RunContext) -> bool:
         """A multi-GPU fit (cuml.dask) runs on the workers. So does a single-GPU (cuML) fit, on one GPU worker
         (:func:`rapids_attn.learn.fit.fit_worker`), where workers hold RMM pools beside it
-        (:meth:`fits_on_a_gpu_worker`). On the CPU, KMeans's extra fits (the k sweep's and the
-        stability refits, :class:`rapids_attn.learn.kmeans_fits.KMeansFits`) run on the workers too, in the same case
-        (extract's workers, their models dropped, are kept for them); any other fit runs in this process."""
-        return ctx.devices.multi_gpu_learn or self.refits_on_workers(ctx) or self.fits_on_a_gpu_worker(ctx)
+        (:meth:`fits_on_a_gpu_worker`). Any other fit runs in this process, KMeans's extra fits (the k sweep's
+        and the stability refits) included."""
+        return ctx.devices.multi_gpu_learn or self.fits_on_a_gpu_worker(ctx)
 
     def fits_on_a_gpu_worker(self, ctx: RunContext) -> bool:
         """A cuML fit goes to a GPU worker, and fits from its RMM pool, wherever workers hold pools beside it: an
@@ -129,25 +127,6 @@ class LearnStage(Stage):
         return self.cluster_kind == "scheduler" or (
             self.cluster_kind == "local-cuda" and bool(WORKER_STAGES & set(ctx.stages))
         )
-
-    def warm(self, ctx: RunContext, client=None) -> None:
-        """scikit-learn's estimators, imported in a thread here and by each worker that will fit (about 1 s
-        each), while extract's last shards run: a worker with no shard left does it at once."""
-        if ctx.devices.learn.gpu:
-            return
-        from rapids_attn.learn.kmeans_fits import import_estimators
-
-        threading.Thread(target=import_estimators, name="rapids-attn-warm-learn", daemon=True).start()
-        if client is not None and self.refits_on_workers(ctx):
-            from distributed import fire_and_forget
-
-            for w in client.nthreads():
-                fire_and_forget(client.submit(import_estimators, workers=[w], pure=False, priority=-1))
-
-    def refits_on_workers(self, ctx: RunContext) -> bool:
-        c = self.cluster_cfg
-        extra = c.method == "kmeans" and (c.k_sweep is not None or c.stability_seeds > 0)
-        return extra and not ctx.devices.learn.gpu and bool(WORKER_STAGES & set(ctx.stages))
 
     def run(self, ctx: RunContext, client=None) -> LearnResult:
         from rapids_attn.learn.fit import fit_store

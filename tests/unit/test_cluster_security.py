@@ -71,7 +71,7 @@ def _no_certificate() -> dict:
 def test_a_local_cluster_refuses_every_process_without_its_credentials():
     from multiprocessing import forkserver
 
-    import rapids_attn.runtime as rt_mod
+    import rapids_attn.processes as rt_mod
 
     # whatever an earlier test left running: the workers are forks of a server this test's runtime started
     forkserver._forkserver._stop()

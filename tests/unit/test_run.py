@@ -267,10 +267,10 @@ def test_the_workers_server_starts_as_soon_as_the_job_is_read(
 ):
     """Before the pipeline's imports (torch): the workers wait for the server's; not for a run without
     worker stages, nor for --check."""
-    from rapids_attn import pipeline, runtime
+    from rapids_attn import pipeline, processes
 
     calls = []
-    monkeypatch.setattr(runtime, "start_worker_server", lambda cfg: calls.append("server") or False)
+    monkeypatch.setattr(processes, "start_worker_server", lambda cfg: calls.append("server") or False)
     monkeypatch.setattr(pipeline, "run_job", lambda *a, **k: calls.append("run_job") or {})
     assert main([str(job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))), *argv]) == 0
     want = [] if "--check" in argv else ["run_job"]

@@ -142,7 +142,7 @@ def test_the_worker_modules_exist():
     every worker its imports again."""
     import importlib.util
 
-    from rapids_attn.runtime import worker_modules
+    from rapids_attn.processes import worker_modules
 
     for name in worker_modules():
         assert importlib.util.find_spec(name) is not None, name
@@ -151,7 +151,7 @@ def test_the_worker_modules_exist():
 def test_the_worker_modules_are_the_worker_stages_own():
     """The fork server's modules come from the registered stages that run on the workers (extract, heads,
     relevance), in the registry's order, each once, between distributed and the freezing module."""
-    from rapids_attn.runtime import worker_modules
+    from rapids_attn.processes import worker_modules
     from rapids_attn.stage import WORKER_STAGES, worker_stages
 
     assert worker_stages() == {"extract", "heads", "relevance"} == set(WORKER_STAGES)
@@ -177,8 +177,8 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
     import sys
     from multiprocessing import forkserver
 
-    import rapids_attn.runtime as rt_mod
-    from rapids_attn.runtime import worker_modules
+    import rapids_attn.processes as rt_mod
+    from rapids_attn.processes import worker_modules
 
     modules = worker_modules()
 
@@ -211,8 +211,8 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
 
 
 def test_a_server_started_with_another_environment_is_not_used(monkeypatch):
-    import rapids_attn.runtime as rt_mod
-    from rapids_attn.runtime import start_worker_server
+    import rapids_attn.processes as rt_mod
+    from rapids_attn.processes import start_worker_server
 
     monkeypatch.setattr(rt_mod, "_server_env", {"OMP_NUM_THREADS": "7"})
     assert start_worker_server(RuntimeConfig(processes=True)) is False

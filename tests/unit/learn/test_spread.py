@@ -183,10 +183,10 @@ def test_two_workers_on_one_gpu_do_not_spread(tmp_path, client, monkeypatch):
 
 
 @pytest.mark.parametrize("n_clusters", [3, "auto"])
-def test_the_sweep_and_refits_run_on_cpu_workers_with_the_figures_of_this_process(tmp_path, client, n_clusters):
-    """On a CPU cluster the k sweep's fits and the stability refits run on the workers (KMeansFits), beside the
-    final fit here: the task stream shows every one of them, and the store and the figures are those of the
-    same fit with no workers."""
+def test_the_sweep_and_refits_run_here_even_with_cpu_workers(tmp_path, client, n_clusters):
+    """Given a CPU cluster's client, the k sweep's fits and the stability refits still run in this process
+    (running them on the workers was measured and removed: rapids_attn/processes.py): no fit in the task stream,
+    and the store and the figures are those of the same fit with no client."""
     from distributed import get_task_stream
 
     from rapids_attn.devices import resolve_learn_backend
@@ -203,8 +203,7 @@ def test_the_sweep_and_refits_run_on_cpu_workers_with_the_figures_of_this_proces
     with get_task_stream(client) as ts:
         got = fit_store(there, reduce, cluster, cpu, seed=0, client=client)
     fits = [t for t in ts.data if str(t["key"]).startswith("kmeans_fit")]
-    assert len(fits) == 5 * 2 + 2  # k = 2..6, each with its refit; two stability refits
-    assert got["kmeans_workers"] == 2 and want["kmeans_workers"] == 0
+    assert fits == [] and "kmeans_workers" not in got
     sweep, ref = got["k_sweep"], want["k_sweep"]
     assert sweep["k"] == ref["k"] and sweep["chosen"] == ref["chosen"]
     np.testing.assert_allclose(sweep["silhouette"], ref["silhouette"], atol=1e-6)
@@ -220,16 +219,16 @@ def test_the_sweep_and_refits_run_on_cpu_workers_with_the_figures_of_this_proces
 @pytest.mark.parametrize(
     ("overrides", "stages", "gpu", "uses"),
     [
-        ({}, ("extract", "learn", "explain"), False, True),  # the default job: its workers are up anyway
-        ({}, ("learn", "heads"), False, True),
-        ({}, ("learn", "explain"), False, False),  # no stage of this run starts workers: not for the sweep alone
+        ({}, ("extract", "learn", "explain"), False, False),  # the sweep and refits run in the job process
+        ({}, ("learn", "heads"), False, False),
+        ({}, ("learn", "explain"), False, False),
         ({}, ("extract", "learn"), True, True),  # cuML fits on a GPU worker, from its pool (test_fit_place.py)
-        ({"cluster.k_sweep": None, "cluster.stability_seeds": 0}, ("extract", "learn"), False, False),  # no refits
-        ({"cluster.k_sweep": None}, ("extract", "learn"), False, True),  # the stability refits alone
+        ({"cluster.k_sweep": None, "cluster.stability_seeds": 0}, ("extract", "learn"), False, False),
+        ({"cluster.k_sweep": None}, ("extract", "learn"), False, False),
         ({"cluster.method": "dbscan", "cluster.k_sweep": None}, ("extract", "learn"), False, False),
     ],
 )
-def test_the_learn_stage_takes_the_cpu_workers_for_kmeans_extra_fits(overrides, stages, gpu, uses):
+def test_the_learn_stage_takes_workers_only_for_a_gpu_fit(overrides, stages, gpu, uses):
     from types import SimpleNamespace
 
     from rapids_attn.learn.stage import LearnStage
