@@ -151,7 +151,7 @@ def _model_eager(module):
 MASKED = -1e30
 
 
-def _mask_rows(scores, mask, r0: int, q_len: int, kv_len: int, causal: bool, sliding_window):
+def mask_rows(scores, mask, r0: int, q_len: int, kv_len: int, causal: bool, sliding_window):
     """Mask query rows r0.. of ``scores`` [batch, head, rows, kv_len] in place (MASKED), from whatever the base's
     mask function returned: a boolean or additive 4-D mask, a 2-D padding mask (FlashAttention's), or None (the
     base relies on ``is_causal`` and, for a sliding window, on the window). Returns the hidden keys as a boolean
@@ -240,6 +240,12 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     if causal and plain:  # the blocks read about half the keys on average: twice the rows in the same bytes
         rows = min(2 * rows, q_len)
     sk = sinks.float().index_select(0, idx).reshape(1, -1, 1, 1) if sinks is not None else None
+    if getattr(sink, "takes_qk", False):  # rapids_attn.compare: the layer's queries and keys, not its rows
+        from rapids_attn.compare.pairwise import LayerQK
+
+        sink.add_qk(layer, LayerQK(q, k, mask, causal, window, softcap, sk))
+        if value is None:  # the base computes the output
+            return None
     numerators = bool(getattr(sink, "takes_numerators", False))  # LayerReducer: see SoftmaxRows
     own = (
         value is not None
@@ -265,7 +271,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
         else:
             if softcap:
                 s = torch.tanh(s / softcap) * softcap
-            hide = _mask_rows(s, mask, r0, q_len, kv_len, causal, window)
+            hide = mask_rows(s, mask, r0, q_len, kv_len, causal, window)
         top = s.amax(-1, keepdim=True)
         if sk is not None:  # the sink logit is one more term of the softmax's denominator
             top = torch.maximum(top, sk)

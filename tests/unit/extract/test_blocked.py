@@ -439,7 +439,7 @@ def test_one_scores_buffer_serves_every_block_of_a_forward(monkeypatch):
 def test_a_half_precision_additive_mask_hides_its_keys(dtype):
     """An additive mask hides a key with its dtype's least value: float16's is -65504, which added to a score stays far
     above the blocked path's MASKED; any value at or below it (or -inf) is a hidden key all the same, weighing 0."""
-    from rapids_attn.extract.blocked import MASKED, _mask_rows
+    from rapids_attn.extract.blocked import MASKED, mask_rows
 
     least = torch.finfo(dtype).min
     mask = torch.zeros(2, 1, 3, 5, dtype=dtype)
@@ -448,7 +448,7 @@ def test_a_half_precision_additive_mask_hides_its_keys(dtype):
     mask[1, :, 2, 4] = -0.5  # a bias, not a hidden key
     scores = torch.randn(2, 4, 3, 5) * 10
     before = scores.clone()
-    hide = _mask_rows(scores, mask, 0, 3, 5, False, None)
+    hide = mask_rows(scores, mask, 0, 3, 5, False, None)
     want = (mask <= least).expand(-1, 4, -1, -1)
     assert torch.equal(hide.expand(2, 4, 3, 5), want)
     assert bool((scores[want] == MASKED).all())
