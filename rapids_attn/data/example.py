@@ -16,6 +16,8 @@ class Example:
     label:     a class label (SQuAD: "answerable" / "impossible"), or "".
     answers:   the gold answer texts (SQuAD: every ``answers[*].text``, for the official max over
                references; empty for an unanswerable question), or ().
+    answer_starts: where each answer starts in ``text_pair`` (SQuAD: ``answers[*].answer_start``, characters;
+               what fine-tuning trains on), or () where the file gives none.
     """
 
     id: str
@@ -24,3 +26,4 @@ class Example:
     group: str = ""
     label: str = ""
     answers: tuple[str, ...] = ()
+    answer_starts: tuple[int, ...] = ()

@@ -276,9 +276,20 @@ def read_squad(path: Path, unit: str = "question") -> list[Example]:
                 check_length(len(question) + len(context), f"{qwhere} (with its context) in {path}")
                 qid = _squad_get(qa, "id", (str, int), path, qwhere)
                 label = _squad_label(qa, path, qwhere)
-                answers = tuple(str(a["text"]) for a in qa.get("answers") or () if isinstance(a, dict) and "text" in a)
+                given = [a for a in qa.get("answers") or () if isinstance(a, dict) and "text" in a]
+                answers = tuple(str(a["text"]) for a in given)
+                starts = [a.get("answer_start") for a in given]
+                starts = tuple(int(x) for x in starts) if all(isinstance(x, int) for x in starts) else ()
                 examples.append(
-                    Example(id=str(qid), text=question, text_pair=context, group=group, label=label, answers=answers)
+                    Example(
+                        id=str(qid),
+                        text=question,
+                        text_pair=context,
+                        group=group,
+                        label=label,
+                        answers=answers,
+                        answer_starts=starts,
+                    )
                 )
     return examples
 

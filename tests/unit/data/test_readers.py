@@ -63,10 +63,24 @@ def test_squad_fields_group_and_label(tmp_path):
     examples = read_examples(path, format="squad")
     assert examples == [
         Example(
-            id="a1", text="Who met Bob?", text_pair="Ann met Bob.", group="Alpha", label="answerable", answers=("Ann",)
+            id="a1",
+            text="Who met Bob?",
+            text_pair="Ann met Bob.",
+            group="Alpha",
+            label="answerable",
+            answers=("Ann",),
+            answer_starts=(0,),
         ),
         Example(id="a2", text="Who met Cy?", text_pair="Ann met Bob.", group="Alpha", label="impossible"),
-        Example(id="a3", text="Who ran?", text_pair="Cy ran.", group="Alpha", label="answerable", answers=("Ann",)),
+        Example(
+            id="a3",
+            text="Who ran?",
+            text_pair="Cy ran.",
+            group="Alpha",
+            label="answerable",
+            answers=("Ann",),
+            answer_starts=(0,),
+        ),
         Example(id="b1", text="Who sang?", text_pair="Dee sang.", group="Beta", label="impossible"),
     ]
 

@@ -1,0 +1,64 @@
+"""rapids_attn.finetune: the split by article and sequence classification with Trainer on a tiny BERT."""
+
+import pytest
+import torch
+from helpers import tiny_bert_config
+
+from rapids_attn.data.example import Example
+from rapids_attn.errors import DataError
+from rapids_attn.finetune.classify import evaluate_classifier, label_names, train_classifier
+from rapids_attn.finetune.qa import TrainSettings
+from rapids_attn.finetune.split import split_by_group
+
+
+def _examples(groups: int = 6, per: int = 5) -> list[Example]:
+    return [
+        Example(
+            id=f"{g}-{i}",
+            text=f"question {i}",
+            text_pair=f"context of article {g}",
+            group=f"article {g}",
+            label="answerable" if i % 2 else "impossible",
+        )
+        for g in range(groups)
+        for i in range(per)
+    ]
+
+
+def test_the_split_keeps_each_article_on_one_side():
+    exs = _examples()
+    train, evaluation = split_by_group(exs, 0.3, seed=1)
+    assert {e.group for e in train}.isdisjoint({e.group for e in evaluation})
+    assert len(train) + len(evaluation) == len(exs) and len(evaluation) >= 0.3 * len(exs)
+    assert [e.id for e in train] == [e.id for e in exs if e in train]  # the input's order
+    assert split_by_group(exs, 0.3, seed=1) == (train, evaluation)  # seeded
+    assert split_by_group(exs, 0.3, seed=2) != (train, evaluation)
+
+
+def test_a_split_that_cannot_keep_contexts_apart_is_one_line():
+    with pytest.raises(DataError, match="holds 1 group"):
+        split_by_group(_examples(groups=1), 0.2)
+    with pytest.raises(DataError, match="2 of 2 examples have no group"):
+        split_by_group([Example(id="a", text="x"), Example(id="b", text="y")], 0.5)
+
+
+def test_a_classifier_fine_tunes_and_names_its_classes(tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification
+
+    from rapids_attn.extract.model import resolve_model_name
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_name("minilm-l6"))
+    exs = _examples()
+    names = label_names(exs)
+    assert names == ["answerable", "impossible"]
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_bert_config(tok.vocab_size, num_labels=2))
+    s = TrainSettings(max_steps=4, save_steps=2, per_device_train_batch_size=8, learning_rate=1e-3)
+    trainer = train_classifier(model, tok, exs, names, 32, s, tmp_path / "work", "cpu")
+    trainer.save_model(str(tmp_path / "model"))
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
+    assert loaded.config.id2label == {0: "answerable", 1: "impossible"}
+    r = evaluate_classifier(loaded, tok, exs, names, 32)
+    assert r["total"] == 30 and set(r["per_class"]) == set(names) and 0.0 <= r["accuracy"] <= 1.0
+    with pytest.raises(DataError, match="every example has the label 'x'"):
+        label_names([Example(id="a", text="t", label="x")])
