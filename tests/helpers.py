@@ -282,3 +282,38 @@ def snapshot(root: Path) -> dict[str, str]:
             rel = str(p.relative_to(root))
             out[rel] = "-> " + os.readlink(p) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
     return dict(sorted(out.items()))
+
+
+#: the vocabulary of the tiny attention models below (token ids drawn from it in the tests)
+TINY_VOCAB = 97
+
+
+def tiny_attention_model(kind: str):
+    """(model class, config) of a tiny 2-layer, 4-head model of ``kind``: ``bert`` (an encoder), ``gpt2``
+    (causal) or ``llama`` (grouped-query attention, 2 key heads), hidden 32, 160 positions, random weights."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
+
+    if kind == "bert":
+        cfg = BertConfig(
+            vocab_size=TINY_VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=160,
+        )
+        return BertModel, cfg
+    if kind == "gpt2":
+        return GPT2Model, GPT2Config(vocab_size=TINY_VOCAB, n_positions=160, n_embd=32, n_layer=2, n_head=4)
+    if kind == "llama":
+        cfg = LlamaConfig(
+            vocab_size=TINY_VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=160,
+        )
+        return LlamaModel, cfg
+    raise ValueError(f"no tiny attention model {kind!r}")

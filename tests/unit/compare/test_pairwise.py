@@ -6,6 +6,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_VOCAB, tiny_attention_model
 
 from rapids_attn.compare.intervals import head_intervals
 from rapids_attn.compare.pairwise import QueryKeys, check_same_tokens, compare_batch, pair_sums
@@ -13,32 +14,13 @@ from rapids_attn.errors import ModelError
 from rapids_attn.extract.blocked import register
 from rapids_attn.extract.capture import AttentionCapture
 
-VOCAB = 97
+VOCAB = TINY_VOCAB
 LENGTHS = [23, 17, 9, 1]
-
-
-def _config(kind: str):
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model, LlamaConfig, LlamaModel
-
-    if kind == "bert":
-        return BertModel, BertConfig(
-            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-        )
-    if kind == "gpt2":
-        return GPT2Model, GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4)
-    return LlamaModel, LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
 
 
 def _pair(kind: str):
     """A model (blocked capture over SDPA) and an exact copy; the eager twin of each for the reference."""
-    cls, cfg = _config(kind)
+    cls, cfg = tiny_attention_model(kind)
     torch.manual_seed(0)
     a = cls._from_config(copy.deepcopy(cfg), attn_implementation=register("sdpa")).eval()
     return a, copy.deepcopy(a), cls, cfg

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from helpers import TINY_VOCAB, tiny_attention_model
 
 import rapids_attn.extract.blocked as blocked_mod
 from rapids_attn.extract import maps
@@ -15,40 +16,19 @@ from rapids_attn.extract.capture import AttentionCapture
 from rapids_attn.extract.maps import LayerReducer, TokenMasks
 from rapids_attn.extract.model import resolve_base
 
-VOCAB = 97
+VOCAB = TINY_VOCAB
 
 
 def _bert():
-    from transformers import BertConfig, BertModel
-
-    return BertModel, BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=160,
-    )
+    return tiny_attention_model("bert")
 
 
 def _gpt2():
-    from transformers import GPT2Config, GPT2Model
-
-    return GPT2Model, GPT2Config(vocab_size=VOCAB, n_positions=160, n_embd=32, n_layer=2, n_head=4)
+    return tiny_attention_model("gpt2")
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaModel
-
-    return LlamaModel, LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=160,
-    )
+    return tiny_attention_model("llama")
 
 
 def _mistral():
