@@ -9,7 +9,9 @@ Each head's scores are means over the examples that define them (extract.maps):
   Attention Sink Emerges in Language Models") count a head as a sink head when this exceeds 0.3.
 - ``streaming``: the mass on the first ``SINK_TOKENS`` tokens and the ``RECENT_WINDOW`` most recent ones,
   over the rows that can see beyond both (StreamingLLM; DuoAttention's streaming heads keep only those
-  in their KV cache). Undefined on inputs too short to have such rows.
+  in their KV cache). Undefined on inputs too short to have such rows. Like ``retrieval``, a mean over
+  examples of each example's own mean over such rows: per example, not per row, so a short example weighs
+  as much as a long one (the store keeps the detectors per map).
 - ``retrieval``: the induction mass at least ``RECENT_WINDOW`` tokens back (attention to the token after an
   earlier copy of the query's token: what a head copying from far context reads), over the mass of the rows
   that have such a target. Wu et al. 2024 ("Retrieval Head Mechanistically Explains Long-Context
@@ -145,10 +147,12 @@ def write(
         "definitions": {
             "sink": "mean over the dataset's rows of the attention on the first token, a decoder's first row "
             "(which sees that token alone) left out (Gu et al. 2025)",
-            "streaming": f"mean over rows that see beyond both of the attention on the first {SINK_TOKENS} tokens "
-            f"and the {RECENT_WINDOW} most recent",
-            "retrieval": f"attention on the token after an earlier copy of the query's token, {RECENT_WINDOW} "
-            "or more tokens back, over the mass of the rows that have such a target",
+            "streaming": f"mean over examples of each example's mean, over its rows that see beyond both, of the "
+            f"attention on the first {SINK_TOKENS} tokens and the {RECENT_WINDOW} most recent (per example, not per "
+            "row: a short example weighs as much as a long one)",
+            "retrieval": f"mean over examples of each example's attention on the token after an earlier copy of the "
+            f"query's token, {RECENT_WINDOW} or more tokens back, over the mass of its rows that have such a target "
+            "(per example, not per row)",
             "order": "a head takes the first of retrieval, streaming, sink whose score reaches its threshold",
             **({"windows": WINDOWS_NOTE} if windowed else {}),
         },

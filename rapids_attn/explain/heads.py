@@ -39,6 +39,8 @@ def join(
     if not info:
         return None, None
     out = {k: info.get(k) for k in ("metric", "examples", "ablation", "headline", "higher_is_better", "base")}
+    if info.get("scope"):  # what the scores are measured against (retrieval: the sample's paragraphs)
+        out["scope"] = info["scope"]
     out["base_columns"] = info.get("base_columns")
     out["pruning"] = info.get("pruning") or {}
     out["most_costly"] = info.get("most_costly", [])[:5]
@@ -158,6 +160,13 @@ def _probes_note(joined: dict) -> str:
     return "; ".join(parts) + "."
 
 
+def _scope_note(joined: dict) -> str:
+    """The note on what the score is measured against, where that depends on the examples scored (retrieval:
+    the candidate paragraphs); empty otherwise."""
+    scope = joined.get("scope") or {}
+    return f" (ranked against {esc(scope['pool'])})" if scope.get("pool") else ""
+
+
 def section(joined: dict | None, warning: str | None, figs: list[str]) -> str:
     """The report's "Which heads matter" section (empty when the heads stage has not run)."""
     if joined is None:
@@ -165,7 +174,7 @@ def section(joined: dict | None, warning: str | None, figs: list[str]) -> str:
     head = f"""
 <section id="importance"><h2>Which heads matter</h2>
 <p class="note">From the heads stage: {esc(joined["metric"])} on {num(joined["examples"])} examples; the
-whole model scores {esc(joined["headline"])} = {num(joined["base"])}. A head's ablation cost is the mean
+whole model scores {esc(joined["headline"])} = {num(joined["base"])}{_scope_note(joined)}. A head's ablation cost is the mean
 over examples of the score lost when its output is {esc(joined["ablation"])}ed before the attention output
 projection (positive: the task needs it), with a 95% t interval over the examples; importance is Michel et
 al.'s |dL/dgate|, normalised per layer; {_probes_note(joined)}</p>"""

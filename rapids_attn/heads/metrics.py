@@ -116,6 +116,11 @@ class TaskMetric:
     def scores(self, partials: dict[str, np.ndarray], examples_meta: Sequence[Example]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def scope(self, examples: Sequence[Example]) -> dict | None:
+        """What a score is measured against, where that depends on the examples scored (the retrieval metric's
+        candidate paragraphs); None where it does not."""
+        return None
+
     def summary(self, partials: dict[str, np.ndarray], scores: dict[str, np.ndarray]) -> dict[str, float]:
         """Each column's mean with its 95% t interval (``<col>``, ``<col>_lo``, ``<col>_hi``)."""
         out = {}
@@ -348,9 +353,19 @@ class RetrievalMetric(TaskMetric):
         q_emb = self.embed(model, tokenizer, [e.text for e in examples], device, max_length, token_budget)
         return {"q_emb": q_emb, "p_emb": p_emb[[where[p] for p in paragraphs]]}
 
+    def scope(self, examples):
+        """The candidates each question's paragraph is ranked among: the distinct paragraphs of the examples the
+        heads stage scored (its sample), not of the whole data file; a larger pool ranks lower."""
+        candidates = len({paired_text(e, self.name) for e in examples})
+        return {
+            "candidates": candidates,
+            "pool": f"the {candidates} distinct paragraphs of the scored sample (heads.examples), not the whole data",
+        }
+
     def scores(self, partials, examples_meta, chunk: int = 512):
-        """Per example: the 1-based rank of its own paragraph among all distinct paragraphs of the data (by
-        text; the first embedding of each), ties counting against it -> ``recall@1`` (rank 1) and ``rr``."""
+        """Per example: the 1-based rank of its own paragraph among all distinct paragraphs of the scored
+        examples (by text; the first embedding of each: :meth:`scope`), ties counting against it -> ``recall@1``
+        (rank 1) and ``rr``."""
         paragraphs = [paired_text(e, self.name) for e in examples_meta]
         first = {}
         for i, p in enumerate(paragraphs):

@@ -236,6 +236,9 @@ class HeadsStage(Stage):
             flush=True,
         )
         info: dict = {"metric": self._metric, "examples": len(pos), "ablation": cfg.ablation}
+        scope = self._metric_obj.scope(self._examples)
+        if scope is not None:  # what the scores are measured against (retrieval: the sample's paragraphs)
+            info["scope"] = scope
 
         means = None
         if cfg.ablation == "mean":

@@ -173,6 +173,10 @@ def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
     det = s["head_detectors"]
     assert det["examples"]["induction_cond"] >= 6  # defined at least on every probe
     assert det["examples"]["induction_head"] == 46  # TransformerLens's score: defined on every example
+    # recall@1 and rr rank each question's paragraph among the heads stage's sample only, and say so
+    scope = s["head_importance"]["scope"]
+    assert scope["candidates"] <= 8 and "not the whole data" in scope["pool"]
+    assert "ranked against the" in (tmp_path / "f" / "report" / "index.html").read_text(encoding="utf-8")
     t = pq.read_table(tmp_path / "f" / "maps.parquet", columns=["pattern", "pattern_prob", "group"]).to_pandas()
     assert t["pattern"].notna().all() and t["pattern_prob"].between(0, 1).all()
     assert (t["group"] == "probe:repeated-tokens").sum() == 6 * 72

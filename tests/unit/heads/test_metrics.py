@@ -311,6 +311,12 @@ def test_retrieval_ties_count_against():
     np.testing.assert_array_equal(s["recall@1"], [0, 0, 0])
     with pytest.raises(JobConfigError, match="heads.metric: retrieval needs question/paragraph pairs"):
         metric.scores(parts, [Example("x", "q")] * 3)
+    # the candidates are the scored sample's distinct paragraphs, and the stage's JSON says so
+    assert metric.scope(examples) == {
+        "candidates": 2,
+        "pool": "the 2 distinct paragraphs of the scored sample (heads.examples), not the whole data",
+    }
+    assert M.metric_for("accuracy").scope(examples) is None
 
 
 # ------------------------------------------------------------------------------------------ accuracy
