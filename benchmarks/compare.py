@@ -71,7 +71,6 @@ def main(argv=None) -> int:
             for p in other.parameters():
                 p.add_(0.01 * torch.randn(p.shape, generator=g, dtype=p.dtype))
         cap_a, cap_b = ex.capture, AttentionCapture(other, plan.model.n_layers)
-        n_layers = plan.model.n_layers
 
         def padded(idx):
             enc = ex.tokenizer.pad(t.batch(idx), padding=True, return_tensors="pt")
@@ -83,7 +82,7 @@ def main(argv=None) -> int:
                 ex.run_batch(**t.batch(idx))
             else:
                 with torch.inference_mode():
-                    compare_batch(cap_a, cap_b, padded(idx), n_layers)
+                    compare_batch(cap_a, cap_b, padded(idx))
             return time.perf_counter() - t0
 
         for idx in batches:  # untimed: allocator pools, lazy imports

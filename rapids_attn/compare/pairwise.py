@@ -97,7 +97,6 @@ class QueryKeys:
     """A sink for the blocked attention function that takes each layer's queries and keys instead of its rows
     (``takes_qk``): the first model's half of a comparison."""
 
-    n_layers: int
     layers: dict[int, LayerQK] = field(default_factory=dict)
     head_list = None
     block_bytes = BLOCK_BYTES
@@ -165,10 +164,10 @@ def pair_sums(a: QueryKeys, b: QueryKeys, lengths: torch.Tensor, block_bytes: in
     return cos.cpu(), js_mean.cpu()
 
 
-def compare_batch(capture_a, capture_b, batch: dict, n_layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+def compare_batch(capture_a, capture_b, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch through both models (:class:`rapids_attn.extract.capture.AttentionCapture`, each model loaded
     with the blocked capture): (cosine, mean Jensen-Shannon divergence), each [batch, layers, heads]."""
-    a, b = QueryKeys(n_layers), QueryKeys(n_layers)
+    a, b = QueryKeys(), QueryKeys()
     capture_a.run(batch, a)
     capture_b.run(batch, b)
     return pair_sums(a, b, batch["attention_mask"].sum(-1))

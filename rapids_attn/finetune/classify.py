@@ -11,7 +11,7 @@ import numpy as np
 
 from rapids_attn.data.example import Example
 from rapids_attn.errors import DataError
-from rapids_attn.finetune.qa import TrainSettings, last_checkpoint, training_arguments
+from rapids_attn.finetune.qa import TrainSettings, run_trainer
 
 
 def label_names(examples: Sequence[Example]) -> list[str]:
@@ -55,21 +55,10 @@ def train_classifier(
     callbacks=(),
 ):
     """Fine-tune ``model`` (an ``AutoModelForSequenceClassification`` with ``len(names)`` labels) on ``train``;
-    resumable from the last checkpoint in ``work``, as :func:`rapids_attn.finetune.qa.train_qa`."""
-    from transformers import DataCollatorWithPadding, Trainer
-
+    resumable from the last checkpoint in ``work`` (:func:`rapids_attn.finetune.qa.run_trainer`)."""
     model.config.id2label = dict(enumerate(names))
     model.config.label2id = {n: i for i, n in enumerate(names)}
-    trainer = Trainer(
-        model=model,
-        args=training_arguments(work, s, device),
-        train_dataset=features(tokenizer, train, names, max_length),
-        data_collator=DataCollatorWithPadding(tokenizer),
-        processing_class=tokenizer,
-        callbacks=list(callbacks),
-    )
-    trainer.train(resume_from_checkpoint=last_checkpoint(work))
-    return trainer
+    return run_trainer(model, tokenizer, features(tokenizer, train, names, max_length), s, work, device, callbacks)
 
 
 def evaluate_classifier(

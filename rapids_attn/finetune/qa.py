@@ -201,14 +201,11 @@ def last_checkpoint(out: Path) -> str | None:
     return get_last_checkpoint(str(out)) if out.is_dir() else None
 
 
-def train_qa(
-    model, tokenizer, train: Sequence[Example], w: QAWindowing, s: TrainSettings, work: Path, device: str, callbacks=()
-):
-    """Fine-tune ``model`` (an ``AutoModelForQuestionAnswering``) on ``train`` with ``Trainer``; checkpoints go
-    to ``work``, and a run finds and resumes from the last one. Returns the trainer (its model is trained)."""
+def run_trainer(model, tokenizer, features: list[dict], s: TrainSettings, work: Path, device: str, callbacks=()):
+    """``Trainer`` on ``features`` (padded per batch), its checkpoints in ``work``; a run finds and resumes from the
+    last one. Returns the trainer (its model is trained). Both tasks train through it."""
     from transformers import DataCollatorWithPadding, Trainer
 
-    features = train_features(tokenizer, train, w)
     trainer = Trainer(
         model=model,
         args=training_arguments(work, s, device),
@@ -219,6 +216,13 @@ def train_qa(
     )
     trainer.train(resume_from_checkpoint=last_checkpoint(work))
     return trainer
+
+
+def train_qa(
+    model, tokenizer, train: Sequence[Example], w: QAWindowing, s: TrainSettings, work: Path, device: str, callbacks=()
+):
+    """Fine-tune ``model`` (an ``AutoModelForQuestionAnswering``) on ``train``'s windows (:func:`run_trainer`)."""
+    return run_trainer(model, tokenizer, train_features(tokenizer, train, w), s, work, device, callbacks)
 
 
 def evaluate_qa(model, tokenizer, examples: Sequence[Example], w: QAWindowing, batch_size: int = 32) -> dict:

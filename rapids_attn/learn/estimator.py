@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from rapids_attn.backends import LearnBackend
-from rapids_attn.learn.kmeans_fits import KMeansFits, seed_agreement, sweep_k
+from rapids_attn.learn.kmeans_fits import seed_agreement, sweep_k
 
 
 class MapClusterer:
@@ -27,10 +27,8 @@ class MapClusterer:
     seed:
         The seed of PCA's randomised solver, UMAP and KMeans; KMeans's stability refits use the next seeds.
     backend:
-        Where the fit runs (:class:`rapids_attn.backends.LearnBackend`); None is scikit-learn.
-    fits:
-        What runs KMeans's extra fits (the k sweep's and the stability refits,
-        :class:`rapids_attn.learn.kmeans_fits.KMeansFits`); None runs them here.
+        Where the fit runs (:class:`rapids_attn.backends.LearnBackend`); None is scikit-learn. KMeans's extra
+        fits (the k sweep's and the stability refits) run here too (:mod:`rapids_attn.learn.kmeans_fits`).
 
     Fitted attributes
     -----------------
@@ -40,12 +38,11 @@ class MapClusterer:
     None) and ``seconds_`` (what each part of the fit took).
     """
 
-    def __init__(self, reduce, cluster, seed: int = 0, backend: LearnBackend | None = None, fits=None):
+    def __init__(self, reduce, cluster, seed: int = 0, backend: LearnBackend | None = None):
         self.reduce = reduce
         self.cluster = cluster
         self.seed = seed
         self.backend = backend
-        self.fits = fits
 
     # -- fitting -----------------------------------------------------------------------------------
     def fit(self, x) -> MapClusterer:
@@ -63,7 +60,7 @@ class MapClusterer:
         if c.method == "kmeans":
             if c.k_sweep is not None:
                 self.k_sweep_ = sweep_k(
-                    b, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed, c.stability_seeds > 0, self._fits
+                    b, z, c.k_sweep, c.sweep_sample, c.silhouette_sample, self.seed, c.stability_seeds > 0
                 )
                 self.seconds_["k_sweep"] = time.perf_counter() - t1
             k = c.n_clusters
@@ -98,7 +95,6 @@ class MapClusterer:
 
     def _start(self) -> LearnBackend:
         self.backend_ = self._backend()
-        self._fits = self.fits or KMeansFits(self.backend_)
         self.k_sweep_ = None
         self.embedding_ = self.labels_ = None
         self.seconds_ = {}
@@ -133,7 +129,7 @@ class MapClusterer:
             return None
         t = time.perf_counter()
         seeds = self.stability_seeds()
-        ari = seed_agreement(self.backend_, self.embedding_, self.labels_, self.n_clusters_, seeds, self._fits, "fit")
+        ari = seed_agreement(self.backend_, self.embedding_, self.labels_, self.n_clusters_, seeds)
         self.seconds_["stability"] = time.perf_counter() - t
         return {"seeds": seeds, "ari": ari, "min_ari": min(ari), "n_fit": int(self.embedding_.shape[0])}
 

@@ -1,5 +1,9 @@
 """KMeans's extra fits: the k sweep (inertia, silhouette and seed stability for each k) and the stability
-refits of the fit sample, run here, one after another (:class:`KMeansFits`).
+refits of the fit sample, run here, one after another (:func:`kmeans_fit`).
+
+Until issue 36 a CPU cluster's workers ran them at once, beside the final fit here; measured in the whole job, side
+by side, that saved nothing (``python -m benchmarks.processes``; docs/benchmarks.md, "Process machinery, piece by
+piece"), so it was removed. A multi-GPU fit runs its refits with cuml.dask instead (:mod:`rapids_attn.learn.spread`).
 """
 
 from __future__ import annotations
@@ -13,17 +17,13 @@ from rapids_attn.learn.storeio import sample_maps
 STABLE_ARI = 0.9
 
 
-def seed_agreement(
-    backend: LearnBackend, z, labels, k: int, seeds: list[int], fits: KMeansFits | None = None, name: str = "fit"
-) -> list[float]:
+def seed_agreement(backend: LearnBackend, z, labels, k: int, seeds: list[int]) -> list[float]:
     """The adjusted Rand index of ``labels`` (a KMeans fit of ``z``) against a KMeans refit of ``z`` with
-    each of ``seeds``: 1 means the clusters do not depend on the seed. The refits are ``fits``'s (named
-    ``name``)."""
+    each of ``seeds``: 1 means the clusters do not depend on the seed."""
     from sklearn.metrics import adjusted_rand_score
 
-    fits = fits or KMeansFits(backend)
     mine = backend.to_numpy(labels)
-    return [round(float(adjusted_rand_score(mine, fits.result(name, z, k, s)[0])), 4) for s in seeds]
+    return [round(float(adjusted_rand_score(mine, kmeans_fit(backend, z, k, s)[0])), 4) for s in seeds]
 
 
 def import_estimators() -> None:
@@ -46,24 +46,6 @@ def kmeans_fit(backend: LearnBackend, z, k: int, seed: int) -> tuple[np.ndarray,
     return backend.to_numpy(labels).astype(np.int32), float(km.inertia_)
 
 
-class KMeansFits:
-    """The learn stage's extra KMeans fits (the k sweep's, each with a refit for its stability, and the
-    stability refits of the fit sample), each named by its data, k and seed, run here when its result is asked
-    for, one after another, on one thread (:func:`kmeans_fit`).
-
-    Until issue 36 a CPU cluster's workers ran them at once, beside the final fit here; measured in the whole
-    job, side by side, that saved nothing (``python -m benchmarks.processes``, the piece ``learn-on-workers``:
-    docs/benchmarks.md, "Process machinery, piece by piece"), so it was removed. A multi-GPU fit runs its
-    refits with cuml.dask instead (:mod:`rapids_attn.learn.spread`)."""
-
-    def __init__(self, backend: LearnBackend):
-        self.backend = backend
-
-    def result(self, name: str, z, k: int, seed: int) -> tuple[np.ndarray, float]:
-        """The fit ``(k, seed)`` of ``z`` (``name``: which data, for a subclass that places fits elsewhere)."""
-        return kmeans_fit(self.backend, z, k, seed)
-
-
 def sweep_k(
     backend: LearnBackend,
     z,
@@ -72,7 +54,6 @@ def sweep_k(
     sil_sample: int,
     seed: int,
     stability: bool = True,
-    fits: KMeansFits | None = None,
 ) -> dict:
     """KMeans inertia, silhouette and, with ``stability``, the ARI against a refit with the next seed, for
     each k in [first, last] on a seeded sample of ``z``. ``best_silhouette_k`` is the best silhouette
@@ -80,8 +61,7 @@ def sweep_k(
 
     Every k's silhouette is scored on the same seeded ``sil_sample`` of the sweep's maps (those
     ``backend.silhouette`` draws), so their pairwise distances are computed once for the whole sweep, not
-    once per k, while they fit in :data:`SWEEP_DISTANCE_BYTES`. The fits are ``fits``'s, run in order of k."""
-    fits = fits or KMeansFits(backend)
+    once per k, while they fit in :data:`SWEEP_DISTANCE_BYTES`. The fits run here, in order of k."""
     n = z.shape[0]
     idx = sample_maps(n, sample, seed)
     zs = z[backend.xp.asarray(idx)] if backend.gpu else z[idx]
@@ -89,10 +69,10 @@ def sweep_k(
     scorer = _SweepSilhouette(backend, zs, sil_sample, seed)
     inertia, sil, agree = [], [], []
     for k in ks:
-        labels, km_inertia = fits.result("sweep", zs, k, seed)
+        labels, km_inertia = kmeans_fit(backend, zs, k, seed)
         inertia.append(km_inertia)
         sil.append(scorer(labels))
-        agree.append(seed_agreement(backend, zs, labels, k, [seed + 1], fits, "sweep")[0] if stability else None)
+        agree.append(seed_agreement(backend, zs, labels, k, [seed + 1])[0] if stability else None)
     scored = [(s, k, a) for k, s, a in zip(ks, sil, agree) if s is not None]
     stable = [(s, k) for s, k, a in scored if a is None or a >= STABLE_ARI]
     best = max(stable or [(s, k) for s, k, _ in scored])[1] if scored else None

@@ -44,7 +44,7 @@ def _batch(lengths=LENGTHS, seed=0):
 
 
 def _compare(a, b, batch):
-    return compare_batch(AttentionCapture(a, 2), AttentionCapture(b, 2), batch, 2)
+    return compare_batch(AttentionCapture(a, 2), AttentionCapture(b, 2), batch)
 
 
 def _reference(a, b, batch):
@@ -116,7 +116,7 @@ def test_padding_rows_and_blocks_change_nothing():
         for p in b.parameters():
             p.add_(0.05 * torch.randn_like(p, generator=None))
     batch = _batch()
-    qa, qb = QueryKeys(2), QueryKeys(2)
+    qa, qb = QueryKeys(), QueryKeys()
     AttentionCapture(a, 2).run(batch, qa)
     AttentionCapture(b, 2).run(batch, qb)
     lengths = batch["attention_mask"].sum(-1)

@@ -28,7 +28,7 @@ def test_a_gpu_fit_goes_to_the_first_gpu_worker():
     client = object()
     assert fit_worker(GPU, client, ids) == "tcp://a:1"
     assert fit_worker(GPU, None, ids) is None  # no workers: in this process
-    assert fit_worker(CPU, client, ids) is None  # scikit-learn: this process (its extra fits: KMeansFits)
+    assert fit_worker(CPU, client, ids) is None  # scikit-learn: this process (its extra fits too: kmeans_fits)
     assert fit_worker(GPU, client, {"tcp://c:1": None}) is None  # CPU workers hold no GPU: this process's
 
 
