@@ -529,6 +529,75 @@ class RelevanceConfig(Section):
         return value
 
 
+class FinetuneConfig(Section):
+    """Fine-tune the model for the task before its heads are analysed (the ``finetune`` stage, issue 37), on
+    HuggingFace's ``Trainer``. When enabled, the job's later stages analyse the fine-tuned model (the folder
+    ``models/finetuned`` in the run directory), over the examples of the held-out groups only."""
+
+    #: run the stage by default (it always runs when --stages names it).
+    enabled: bool = False
+    #: ``qa``: extractive question answering on SQuAD-format data; ``classify``: sequence classification on
+    #: data.label_field.
+    task: Literal["qa", "classify"] = "qa"
+    #: share of the file's examples held out for evaluation, as whole groups (data.group_field; SQuAD: articles),
+    #: so no context is on both sides. The later stages analyse the held-out examples (then data.sample/limit).
+    eval_fraction: float = Field(0.5, gt=0, lt=1)
+    #: at most this many training examples: a seeded sample of the training groups' (null: all of them).
+    train_examples: int | None = Field(None, gt=0)
+    #: at most this many held-out examples scored after training: a seeded sample (null: all of them).
+    eval_examples: int | None = Field(None, gt=0)
+    #: tokens per training window (question and context); longer contexts are read in overlapping windows.
+    max_length: int = Field(384, gt=16)
+    #: tokens two consecutive windows of one context share (qa).
+    doc_stride: int = Field(128, gt=0)
+    learning_rate: float = Field(5e-5, gt=0)
+    epochs: float = Field(2.0, gt=0)
+    #: stop after this many optimizer steps (-1: run the epochs).
+    max_steps: int = Field(-1, ge=-1)
+    batch_size: int = Field(16, gt=0)
+    eval_batch_size: int = Field(32, gt=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    #: a checkpoint (weights, optimizer, scheduler, RNG) every this many steps: an interrupted run resumes there.
+    save_steps: int = Field(100, gt=0)
+
+    @model_validator(mode="after")
+    def _stride_in_window(self) -> FinetuneConfig:
+        if self.doc_stride >= self.max_length // 2:
+            raise ValueError(
+                f"doc_stride ({self.doc_stride}) must be under half of max_length ({self.max_length}), or the "
+                "question and the overlap leave no new context per window; lower finetune.doc_stride"
+            )
+        return self
+
+
+class CompareConfig(Section):
+    """Models compared head by head over the same inputs (the ``compare`` stage, issue 37)."""
+
+    #: run the stage by default (it always runs when --stages names it).
+    enabled: bool = False
+    #: the models compared with the job's: local folders, hub ids or presets, each extracted over the job's examples
+    #: into ``models/<label>`` of the run directory. Empty with finetune enabled: the model it started from.
+    models: list[str] = []
+    #: examples whose maps are compared map to map (a seeded sample of the run's examples; null: all of them).
+    examples: int | None = Field(500, gt=0)
+    #: examples per forward pass of each model.
+    batch_size: int = Field(16, gt=0)
+    #: bootstrap resamples of the examples behind each interval.
+    resamples: int = Field(1000, ge=100)
+    #: the intervals' confidence level.
+    level: float = Field(0.95, gt=0.5, lt=1)
+    #: maps per model the shared clustering is fitted on (a seeded sample; every map is then assigned).
+    fit_sample: int = Field(20000, gt=0)
+
+    @field_validator("models")
+    @classmethod
+    def _distinct_models(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value) or any(not str(v).strip() for v in value):
+            raise ValueError("must name distinct models, each once (a folder, a hub id or a preset)")
+        return value
+
+
 class RuntimeConfig(Section):
     #: ``local`` (dask LocalCluster), ``local-cuda`` (dask-cuda LocalCUDACluster, one worker per GPU),
     #: or ``scheduler`` (an existing cluster: set ``address`` or ``scheduler_file``).
@@ -631,6 +700,8 @@ class JobConfig(Section):
     cluster: ClusterConfig = ClusterConfig()
     heads: HeadsConfig = HeadsConfig()
     relevance: RelevanceConfig = RelevanceConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
+    compare: CompareConfig = CompareConfig()
     explain: ExplainConfig = ExplainConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
@@ -665,6 +736,8 @@ class JobConfig(Section):
             d["extract"]["shard_size"] = int(shard_size)
         keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
         keep["data_content"] = data_fingerprint
+        if d["finetune"]["enabled"]:  # the store holds the fine-tune's maps, over the held-out examples
+            keep["finetune"] = d["finetune"]
         # where and in which batches maps are computed does not change them (tested: batch invariance)
         keep["extract"] = {
             k: v

@@ -12,6 +12,7 @@ a later stage needs. Each stage's typed result goes into ``summary.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import sys
 import time
@@ -20,9 +21,11 @@ from dataclasses import dataclass
 
 import yaml
 
+from rapids_attn.compare.stage import CompareStage
 from rapids_attn.errors import DataError, JobConfigError, StoreError
 from rapids_attn.explain.stage import ExplainStage
 from rapids_attn.extract.stage import ExtractStage
+from rapids_attn.finetune.stage import FinetuneStage
 from rapids_attn.heads.stage import HeadsStage
 from rapids_attn.job import JobConfig
 from rapids_attn.learn.stage import LearnStage
@@ -33,7 +36,7 @@ from rapids_attn.stage import RunContext, Stage, worker_stages
 #: stages run on the workers, what those preload) and the explain stage (which results its summary carries, which
 #: sections its report has) read what they need from the classes listed here (:class:`rapids_attn.stage.Stage`)
 STAGES: dict[str, type[Stage]] = {
-    s.name: s for s in (ExtractStage, LearnStage, HeadsStage, RelevanceStage, ExplainStage)
+    s.name: s for s in (FinetuneStage, ExtractStage, LearnStage, HeadsStage, RelevanceStage, CompareStage, ExplainStage)
 }
 
 #: the message that tells a user how to produce what a stage needs, by the stage that writes it
@@ -75,18 +78,23 @@ def _index_data(cfg: JobConfig):
     from rapids_attn.data import build_index
 
     d = cfg.data
-    index = build_index(
-        d.path,
-        format=d.format,
-        text_fields=d.text_fields,
-        id_field=d.id_field,
-        group_field=d.group_field,
-        label_field=d.label_field,
-        limit=d.limit,
-        sample=d.sample,
-        seed=d.seed,
-        squad_unit=d.squad_unit,
-    )
+    if cfg.finetune.enabled:  # the later stages analyse the fine-tune over the examples its training never saw
+        from rapids_attn.finetune.split import held_out_index
+
+        index = held_out_index(cfg)
+    else:
+        index = build_index(
+            d.path,
+            format=d.format,
+            text_fields=d.text_fields,
+            id_field=d.id_field,
+            group_field=d.group_field,
+            label_field=d.label_field,
+            limit=d.limit,
+            sample=d.sample,
+            seed=d.seed,
+            squad_unit=d.squad_unit,
+        )
     if d.probe.count:
         from rapids_attn.data.probe import repeated_token_probes
         from rapids_attn.extract.model import load_tokenizer
@@ -175,11 +183,14 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
     for w in data.warnings:  # once, here: --check shows them too; the explain stage puts them in the report
         print(f"warning: {w}", file=sys.stderr)
     first = data.read([0])[0] if len(data) else None  # one record: the tokenizer must know some of its words
+    analysed, described = _analysed_model(cfg, stages)
     info = describe_model(
-        cfg.model,
+        described,
         sample=None if first is None else " ".join(filter(None, (first.text, first.text_pair))),
         attention=cfg.extract.attention,
     )
+    if described is not analysed.model:  # the fine-tune is made by this run: its folder will be the source
+        info = dataclasses.replace(info, source=analysed.model.name)
     _check_texts(cfg, data)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
     if info.attention == "blocked":
@@ -202,8 +213,8 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         stages=tuple(stages),
         overwrite=overwrite,
     )
-    _check_run_dir(ctx)
-    built = [STAGES[name].from_job(cfg) for name in stages]
+    _check_run_dir(ctx, cfg)
+    built = [STAGES[name].from_job(cfg if STAGES[name].reads_base_model else analysed) for name in stages]
     if any(st.uses_cluster(ctx) for st in built):  # the cluster's settings against this machine (GPUs, TLS)
         from rapids_attn.runtime import check_runtime
 
@@ -236,7 +247,27 @@ def _resumed_shard_size(cfg: JobConfig, layout, fingerprint: str):
     return layout
 
 
-def _check_run_dir(ctx: RunContext) -> None:
+def _analysed_model(cfg: JobConfig, stages: tuple[str, ...]):
+    """(the job the stages that analyse a model are built from, the model section preflight describes). With
+    ``finetune.enabled`` the analysed model is the fine-tuned folder in the run directory; until the finetune stage
+    has written it, preflight describes the model it starts from (the same layers, heads and tokenizer)."""
+    from rapids_attn.finetune.stage import analysed_job, finetuned_folder, folder_key
+
+    analysed = analysed_job(cfg)
+    if analysed is cfg:
+        return cfg, cfg.model
+    folder = finetuned_folder(cfg.run_dir)
+    if folder_key(folder) is not None:
+        return analysed, analysed.model
+    if "finetune" not in stages and any(not STAGES[s].reads_base_model for s in stages):
+        raise StoreError(
+            f"{folder}: finetune.enabled is set and the fine-tuned model is not there yet; add finetune to --stages "
+            f"(e.g. --stages finetune,{','.join(stages)})"
+        )
+    return analysed, cfg.model
+
+
+def _check_run_dir(ctx: RunContext, cfg: JobConfig) -> None:
     """The run directory is absent, empty, marked as rapids_attn's, or holds a rapids_attn store (made
     before the marker); anything else is refused unless --overwrite, and even then where a file of the
     user's has a name rapids_attn writes (:mod:`rapids_attn.rundir`)."""
@@ -246,7 +277,7 @@ def _check_run_dir(ctx: RunContext) -> None:
     from rapids_attn.store.zarr_store import inspect_store
 
     data_path = ctx.job.get("data", {}).get("path")
-    model = Path(ctx.model.source)
+    model = Path(ctx.model.source) if not cfg.finetune.enabled else Path(cfg.model.name)  # not the run's own fine-tune
     check_run_dir_place(
         ctx.run_dir,
         {"data.path": Path(data_path) if data_path else None, "model.name": model if model.is_dir() else None},

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stages",
         default=None,
-        help="comma-separated subset of extract,learn,heads,relevance,explain, run in that order (default: all "
-        "but heads and relevance, each of which runs when the job sets heads.enabled or relevance.enabled: true)",
+        help="comma-separated subset of finetune,extract,learn,heads,relevance,compare,explain, run in that order "
+        "(default: all but finetune, heads, relevance and compare, each of which runs when the job sets "
+        "finetune.enabled, heads.enabled, relevance.enabled or compare.enabled: true)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a store made by a different job")
     p.add_argument("--check", action="store_true", help="validate the job and its inputs, then stop")

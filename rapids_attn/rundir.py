@@ -33,7 +33,8 @@ MARKER = ".rapids_attn"
 TOOL = "rapids_attn"
 JOB_YAML = "job.yaml"
 #: every name rapids_attn writes at the top of a run directory (the stages write under these)
-OUTPUTS = ("store.zarr", JOB_YAML, "summary.json", "maps.parquet", "head_classes.json", "report")
+#: ``models``: the fine-tuned model's folder and the compared models' stores (issue 37)
+OUTPUTS = ("store.zarr", JOB_YAML, "summary.json", "maps.parquet", "head_classes.json", "report", "models")
 #: the outputs, their temporaries (written, then renamed into place), the marker and the lock
 OWN_NAMES = frozenset({*OUTPUTS, *(n + ".tmp" for n in OUTPUTS), MARKER, MARKER + ".tmp", LOCK_NAME})
 
@@ -282,7 +283,7 @@ REPORT_FILES: dict[str, re.Pattern] = {
 #: removals of stale pages) into a folder it did not make. ``store.zarr`` is not among them: a store linked to
 #: another disk is used through the link when it is this job's store, and never deleted through it
 #: (:mod:`rapids_attn.store.zarr_store`); a link to anything else is refused as another job's store.
-OWN_FOLDERS = (REPORT, f"{REPORT}/headviews", f"{REPORT}/headviews/vendor")
+OWN_FOLDERS = (REPORT, f"{REPORT}/headviews", f"{REPORT}/headviews/vendor", "models")
 
 
 #: ``report/<this>``: the files the explain stage last wrote there (a JSON list of paths relative to ``report/``)

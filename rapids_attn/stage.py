@@ -111,6 +111,10 @@ class Stage(ABC):
     #: the explain stage's summary already carries this stage's result (read back from the store, or through its
     #: :meth:`report_section`), so ``summary.json`` does not repeat it under the stage's name
     summarised: ClassVar[bool] = False
+    #: built from the job as written, where the others are built from the job as analysed: with
+    #: ``finetune.enabled`` those analyse the fine-tuned folder (:func:`rapids_attn.finetune.stage.analysed_job`),
+    #: and these (finetune, compare) also need the model fine-tuning starts from
+    reads_base_model: ClassVar[bool] = False
 
     @classmethod
     def report_section(cls) -> ReportSection | None:

@@ -317,3 +317,35 @@ def tiny_attention_model(kind: str):
         )
         return LlamaModel, cfg
     raise ValueError(f"no tiny attention model {kind!r}")
+
+
+def write_squad(path: Path, articles: int = 4, paragraphs: int = 2, questions: int = 3) -> Path:
+    """A tiny SQuAD 2.0 file: ``articles`` titled articles of ``paragraphs`` contexts (CORPUS sentences), each with
+    ``questions`` questions, every third unanswerable, the others answered by a word of the context with its
+    character start."""
+    data = []
+    for a in range(articles):
+        paras = []
+        for p in range(paragraphs):
+            context = " ".join(CORPUS[(a + p + k) % 5] for k in range(3))
+            qas = []
+            for q in range(questions):
+                qid = f"a{a}p{p}q{q}"
+                if q % 3 == 2:
+                    qas.append(
+                        {"id": qid, "question": "Who painted the ceiling?", "answers": [], "is_impossible": True}
+                    )
+                    continue
+                word = context.split()[1 + 2 * q]
+                qas.append(
+                    {
+                        "id": qid,
+                        "question": f"Which word is number {1 + 2 * q} of the story about {word}?",
+                        "answers": [{"text": word, "answer_start": context.index(word)}],
+                        "is_impossible": False,
+                    }
+                )
+            paras.append({"context": context, "qas": qas})
+        data.append({"title": f"Article_{a}", "paragraphs": paras})
+    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+    return path

@@ -155,6 +155,18 @@ class DataIndex:
         """This index with ``examples`` appended (the probes)."""
         return dataclasses.replace(self, inline=(*self.inline, *examples))
 
+    def subset(self, positions: Sequence[int]) -> DataIndex:
+        """This index keeping only the examples at ``positions`` (ascending), in that order: the file's records
+        stay records a worker reads itself, the inline examples stay inline (the fine-tune's held-out split)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        nf = len(self.records)
+        if len(pos) and (np.any(np.diff(pos) <= 0) or pos[0] < 0 or pos[-1] >= len(self)):
+            raise ValueError("subset positions must be ascending, distinct and inside the index")
+        file_pos = pos[pos < nf]
+        records = np.asarray(self.records, dtype=np.int64)[file_pos] if len(file_pos) else range(0)
+        inline = tuple(self.inline[int(p) - nf] for p in pos[pos >= nf])
+        return dataclasses.replace(self, records=records, inline=inline)
+
     def seeks(self, records) -> tuple[Seek, ...]:
         """The seek points a reader of ``records`` (ascending) needs: one per block they fall in."""
         if self.checkpoints is None or not len(records):

@@ -130,7 +130,7 @@ def finite_max(a: np.ndarray) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def _show_thumb(ax, thumb, title: str, fontsize: float = 8):
+def show_thumb(ax, thumb, title: str, fontsize: float = 8):
     t = np.asarray(thumb, dtype=np.float64)
     m = finite_max(t)
     ax.imshow(
@@ -329,7 +329,7 @@ def montage_png(
     ax = fig.add_subplot(gs[0:2, 0:2])
     name = "noise" if cluster_id == -1 else f"cluster {cluster_id if cluster_id is not None else k_index}"
     if mean_thumb is not None:
-        _show_thumb(ax, mean_thumb, f"{name}: mean map", fontsize=9)
+        show_thumb(ax, mean_thumb, f"{name}: mean map", fontsize=9)
         ax.set_xlabel("key (attended to)", fontsize=8)
         ax.set_ylabel("query", fontsize=8)
     else:
@@ -341,7 +341,7 @@ def montage_png(
         if i < len(info) and info[i] is not None:
             e, layer, head = (int(v) for v in tuple(info[i])[:3])
             cap = f"L{layer} H{head} ex{e}"
-        _show_thumb(a, ex[i], cap, fontsize=7)
+        show_thumb(a, ex[i], cap, fontsize=7)
     fig.text(
         0.5,
         0.0,

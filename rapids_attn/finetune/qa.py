@@ -250,7 +250,15 @@ def evaluate_qa(model, tokenizer, examples: Sequence[Example], w: QAWindowing, b
     }
 
 
-def finish(trainer, tokenizer, folder: Path, metrics: dict, settings: TrainSettings, w: QAWindowing) -> Path:
+def finish(
+    trainer,
+    tokenizer,
+    folder: Path,
+    metrics: dict,
+    settings: TrainSettings,
+    w: QAWindowing | None,
+    extra: dict | None = None,
+) -> Path:
     """Write the fine-tuned model as an ordinary HuggingFace folder (weights, config, tokenizer, training
     arguments, ``metrics.json``) into ``folder``, whole: into a staging folder beside it, then renamed, so a
     ``folder`` that exists is complete."""
@@ -260,7 +268,15 @@ def finish(trainer, tokenizer, folder: Path, metrics: dict, settings: TrainSetti
     trainer.save_model(str(stage))  # weights, config, training_args.bin; the tokenizer (processing_class)
     tokenizer.save_pretrained(str(stage))
     (stage / "metrics.json").write_text(
-        json.dumps({"metrics": metrics, "settings": asdict(settings), "windowing": asdict(w)}, indent=1)
+        json.dumps(
+            {
+                "metrics": metrics,
+                "settings": asdict(settings),
+                "windowing": asdict(w) if w is not None else None,
+                **(extra or {}),
+            },
+            indent=1,
+        )
     )
     if folder.exists():
         shutil.rmtree(folder)

@@ -43,3 +43,51 @@ def split_by_group(
     train = [ex for ex in examples if ex.group not in held]
     evaluation = [ex for ex in examples if ex.group in held]
     return train, evaluation
+
+
+def job_examples(cfg):
+    """(the index, every example) of of the job's file (``data``'s reading settings; its ``sample`` and ``limit`` left out: the
+    split is made on the whole file, so a sample of the analysed examples never moves an article across it)."""
+    from rapids_attn.data import build_index
+
+    d = cfg.data
+    index = build_index(
+        d.path,
+        format=d.format,
+        text_fields=d.text_fields,
+        id_field=d.id_field,
+        group_field=d.group_field,
+        label_field=d.label_field,
+        squad_unit=d.squad_unit,
+    )
+    return index, index.read(range(len(index)))
+
+
+def job_split(cfg) -> tuple[list[Example], list[Example]]:
+    """(train, eval) of the job's whole file for ``finetune``: split by group (:func:`split_by_group`, seeded with
+    ``runtime.seed``), then each side sampled down to ``finetune.train_examples`` / ``eval_examples`` (seeded)."""
+    from rapids_attn.data.index import select_positions
+
+    f = cfg.finetune
+    _, examples = job_examples(cfg)
+    train, evaluation = split_by_group(examples, f.eval_fraction, cfg.runtime.seed)
+    train = [train[i] for i in select_positions(len(train), sample=f.train_examples, seed=cfg.runtime.seed)]
+    evaluation = [
+        evaluation[i] for i in select_positions(len(evaluation), sample=f.eval_examples, seed=cfg.runtime.seed)
+    ]
+    return train, evaluation
+
+
+def held_out_index(cfg):
+    """The job's data index for the stages after ``finetune``: the whole file's examples of the held-out groups
+    (the ones training never saw), then ``data.sample`` and ``data.limit`` applied to those (seeded with
+    ``data.seed``)."""
+    from rapids_attn.data.index import select_positions
+
+    index, examples = job_examples(cfg)
+    _, evaluation = split_by_group(examples, cfg.finetune.eval_fraction, cfg.runtime.seed)
+    held = {ex.group for ex in evaluation}
+    positions = np.flatnonzero([ex.group in held for ex in examples])
+    d = cfg.data
+    keep = select_positions(len(positions), limit=d.limit, sample=d.sample, seed=d.seed)
+    return index.subset(positions[np.asarray(keep, dtype=np.int64)])

@@ -161,6 +161,59 @@ HEAD_ATLAS = ArraySpec(
 HEAD_ATLAS_CLUSTER = ArraySpec(
     "head_atlas_cluster", ("atlas_head",), "int32", "relevance", -1, "average-linkage cluster of each head"
 )
+# -- written by the compare stage (issue 37; "compared" indexes the compared models, compare_model 0 is the job's) --
+COMPARE_MODEL = ArraySpec(
+    "compare_model",
+    ("compare_model",),
+    "str",
+    "compare",
+    "",
+    "labels of the models: the job's first, then the compared",
+)
+COMPARE_EXAMPLE = ArraySpec(
+    "compare_example", ("compare_example",), "int32", "compare", -1, "the store example each map-compared example is"
+)
+COMPARE_MAPS = ArraySpec(
+    "compare_maps",
+    ("compared", "compare_example", "model_layer", "model_head", "map_measure"),
+    "float32",
+    "compare",
+    np.nan,
+    "cosine and mean row Jensen-Shannon divergence of the job's map and the compared model's (NaN: statistics only)",
+)
+COMPARE_MAP_HEADS = ArraySpec(
+    "compare_map_heads",
+    ("compared", "map_measure", "model_layer", "model_head", "bound"),
+    "float32",
+    "compare",
+    np.nan,
+    "each head's mean of a map measure over the examples, and its bootstrap interval (bound: mean, low, high)",
+)
+COMPARE_MAP_LAYERS = ArraySpec(
+    "compare_map_layers",
+    ("compared", "map_measure", "model_layer", "bound"),
+    "float32",
+    "compare",
+    np.nan,
+    "each layer's mean over its heads of a map measure, with its bootstrap interval over examples",
+)
+COMPARE_STAT_HEADS = ArraySpec(
+    "compare_stat_heads",
+    ("compared", "compare_stat", "layer", "head", "bound"),
+    "float32",
+    "compare",
+    np.nan,
+    "each head's mean change (job's model minus compared) of every stat and detector, with its interval",
+)
+COMPARE_CLUSTER = ArraySpec(
+    "compare_cluster",
+    ("compare_model", *MAP_DIMS),
+    "int32",
+    "compare",
+    -1,
+    "each model's maps in one clustering fitted on all models' features (-1: noise)",
+)
+
 # -- written by the explain stage ------------------------------------------------------------------
 HEAD_DETECTORS = ArraySpec(
     "head_detectors",
@@ -208,6 +261,13 @@ ARRAYS: dict[str, ArraySpec] = {
         HEAD_DISTANCE,
         HEAD_ATLAS,
         HEAD_ATLAS_CLUSTER,
+        COMPARE_MODEL,
+        COMPARE_EXAMPLE,
+        COMPARE_MAPS,
+        COMPARE_MAP_HEADS,
+        COMPARE_MAP_LAYERS,
+        COMPARE_STAT_HEADS,
+        COMPARE_CLUSTER,
         HEAD_DETECTORS,
     )
 }
@@ -239,6 +299,7 @@ class Attr:
     NAMES = "names"  # on head_detectors: the detector names along head_detector
     HEADS = "heads"  # the heads stage's result (metric, ablation effects, pruning curves, probing)
     RELEVANCE = "relevance"  # the relevance stage's result (dataset-level shares, disagreement, the head atlas)
+    COMPARE = "compare"  # the compare stage's result (models, measures, most-changed heads, cluster transitions)
 
 
 FORMAT_VERSION = 1

@@ -150,11 +150,11 @@ def test_the_worker_modules_exist():
 
 def test_the_worker_modules_are_the_worker_stages_own():
     """The fork server's modules come from the registered stages that run on the workers (extract, heads,
-    relevance), in the registry's order, each once, between distributed and the freezing module."""
+    relevance, compare), in the registry's order, each once, between distributed and the freezing module."""
     from rapids_attn.processes import worker_modules
     from rapids_attn.stage import WORKER_STAGES, worker_stages
 
-    assert worker_stages() == {"extract", "heads", "relevance"} == set(WORKER_STAGES)
+    assert worker_stages() == {"extract", "heads", "relevance", "compare"} == set(WORKER_STAGES)
     assert WORKER_STAGES & {"learn", "heads"} == {"heads"} and "explain" not in WORKER_STAGES
     assert worker_modules() == (
         "distributed",
@@ -165,6 +165,7 @@ def test_the_worker_modules_are_the_worker_stages_own():
         "rapids_attn.extract.shard",
         "rapids_attn.heads.work",
         "rapids_attn.relevance.work",
+        "rapids_attn.compare.work",
         "rapids_attn._fork_ready",
     )
 

@@ -1,0 +1,245 @@
+"""The report's sections of issue 37's stages: the fine-tune's scores beside the prior work's ("The fine-tune"), and
+"What changed between models" (the compare stage): per-head heatmaps of change with the intervals marked, the
+per-layer profile (Kovaleva et al.'s figure), the most-changed heads with exemplar thumbnails of both models side by
+side, and the cluster transitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rapids_attn.explain.formatting import esc, img, num
+from rapids_attn.stage import ReportSection
+from rapids_attn.store import schema as S
+
+#: the scores shown, in order, with their names in summary.json (qa: percent, as SQuAD's official script)
+QA_SCORES = ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1")
+#: most-changed heads shown with exemplar thumbnails, per compared model
+EXEMPLARS = 5
+
+
+def finetune_result(g) -> dict | None:
+    """The fine-tune's result where the store's model is a folder the finetune stage wrote (its
+    ``metrics.json``), else None."""
+    source = (g.attrs.get(S.Attr.MODEL) or {}).get("source")
+    if not source:
+        return None
+    try:
+        made = json.loads((Path(source) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return made.get("result") if isinstance(made, dict) else None
+
+
+class FinetuneSection(ReportSection):
+    anchor = "finetune"
+    title = "The fine-tune"
+
+    def read(self, g, summary: dict, findings, arrays, earlier: dict[str, Any]) -> dict | None:
+        info = finetune_result(g)
+        if info is not None:
+            summary["finetune"] = info
+        return info
+
+    def html(self, info: dict | None, figures: list[str]) -> str:
+        if not info:
+            return ""
+        scores, base, prior = (
+            info.get("scores") or {},
+            info.get("no_answer_baseline") or {},
+            info.get("prior_work") or {},
+        )
+        if info.get("task") == "qa":
+            rows = "".join(
+                f"<tr><td>{esc(k)}</td><td class=n>{num(scores.get(k), 2)}</td><td class=n>{num(base.get(k), 2)}</td>"
+                f"<td class=n>{num(prior.get(k), 2) if k in prior else 'n/a'}</td></tr>"
+                for k in QA_SCORES
+            )
+            table = (
+                "<table><thead><tr><th>SQuAD 2.0 score (%)</th><th class=n>this fine-tune</th>"
+                "<th class=n>no answer, always</th><th class=n>prior work (BERT-base, dev set)</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table>"
+            )
+        else:
+            per = info.get("scores", {}).get("per_class", {})
+            rows = "".join(f"<tr><td>{esc(k)}</td><td class=n>{num(v)}</td></tr>" for k, v in per.items())
+            table = (
+                f"<p>Accuracy {num(info.get('scores', {}).get('accuracy'))} over {num(info.get('eval_examples'))} "
+                "held-out examples.</p><table><thead><tr><th>class</th><th class=n>accuracy</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table>"
+            )
+        return f"""
+<section id="finetune"><h2>The fine-tune</h2>
+<p class="note">The analysed model is a fine-tune made by the finetune stage ({esc(info.get("task"))}, HuggingFace's
+Trainer) on {num(info.get("train_examples"))} examples of {num(info.get("train_groups"))} groups, scored on
+{num(info.get("eval_examples"))} examples of {num(info.get("eval_groups"))} other groups (no context on both sides),
+on {esc(info.get("device"))} in {num(info.get("train_seconds"), 1)} s of training. The prior work's figures are
+BERT-base on the whole SQuAD v2 dev set: a reference, not the same data or model.</p>{table}</section>"""
+
+
+def stored_result(g) -> dict | None:
+    return dict(g.attrs.get(S.Attr.COMPARE)) if g.attrs.get(S.complete_attr("compare")) else None
+
+
+class CompareSection(ReportSection):
+    anchor = "compare"
+    title = "What changed between models"
+    figure_pattern = r"compare_(heads|layers|exemplars)(_[A-Za-z0-9_.-]+)?"
+
+    def read(self, g, summary: dict, findings, arrays, earlier: dict[str, Any]) -> dict | None:
+        info = stored_result(g)
+        if info is None:
+            return None
+        heads = earlier.get("heads")
+        cost = getattr(heads, "info", None) or {}
+        cost = np.asarray(cost["cost"], np.float64) if cost.get("cost") is not None else None
+        for entry in info.get("compared", []):
+            for row in entry.get("most_changed", []):
+                if cost is not None and row["layer"] < cost.shape[0] and row["head"] < cost.shape[1]:
+                    row["ablation_cost"] = float(cost[row["layer"], row["head"]])
+        summary["compare"] = info
+        return {"info": info, "g": g}
+
+    def figures(self, out_dir, state: dict | None) -> list[str]:
+        if not state:
+            return []
+        from rapids_attn.explain import figures as F
+
+        info, g = state["info"], state["g"]
+        names = []
+        heads = g[S.COMPARE_MAP_HEADS][:]
+        layers = g[S.COMPARE_MAP_LAYERS][:]
+        compared = info.get("compared", [])
+        with_maps = [i for i, e in enumerate(compared) if e.get("maps")]
+        for i in with_maps:
+            label = compared[i]["label"]
+            fig = F.new_figure(*F.grid_size(heads.shape[2], heads.shape[3], panels=2))
+            for k, (m, title) in enumerate((("cosine", "1 - cosine"), ("jsd", "Jensen-Shannon divergence (nats)"))):
+                ax = fig.add_subplot(1, 2, k + 1)
+                v = heads[i, k]
+                # 1 - cosine's lower end is 1 - the cosine's upper end
+                mean, low = (1 - v[..., 0], 1 - v[..., 2]) if m == "cosine" else (v[..., 0], v[..., 1])
+                im = ax.imshow(mean, cmap="viridis", aspect="auto")
+                fig.colorbar(im, ax=ax, fraction=0.046)
+                # marked: the heads whose interval lies wholly above the median head's mean change
+                mark = low > np.nanmedian(mean)
+                ys, xs = np.nonzero(mark)
+                ax.scatter(xs, ys, s=10, c="white", edgecolors="black", linewidths=0.5)
+                F.grid_axes(ax, range(v.shape[0]), range(v.shape[1]))
+                ax.set_title(f"{title}: {info['job_model']} vs {label}", fontsize=8)
+            names.append(F.save(fig, out_dir, f"compare_heads_{label}.png"))
+        if with_maps:
+            fig = F.new_figure(7.5, 3.2)
+            for k, (m, title) in enumerate((("cosine", "cosine of the maps"), ("jsd", "Jensen-Shannon divergence"))):
+                ax = fig.add_subplot(1, 2, k + 1)
+                for i in with_maps:
+                    v = layers[i, k]
+                    x = np.arange(v.shape[0])
+                    ax.errorbar(
+                        x,
+                        v[:, 0],
+                        yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]],
+                        marker="o",
+                        capsize=3,
+                        label=compared[i]["label"],
+                    )
+                ax.set_xlabel("layer")
+                ax.set_title(f"{title} per layer ({int(info['level'] * 100)}% interval)", fontsize=8)
+                ax.set_xticks(range(layers.shape[2]))
+            ax.legend(fontsize=7)
+            names.append(F.save(fig, out_dir, "compare_layers.png"))
+        names += self._exemplars(out_dir, info, g, with_maps)
+        return names
+
+    def _exemplars(self, out_dir, info: dict, g, with_maps: list[int]) -> list[str]:
+        """The most-changed heads' maps in both models, side by side, for the compared example where the head's
+        divergence is largest (from each store's thumbnails)."""
+        import zarr
+
+        from rapids_attn.explain import figures as F
+        from rapids_attn.store.zarr_store import decode_thumbnails
+
+        if S.THUMBNAILS not in g:
+            return []
+        out = []
+        store_layers = [int(v) for v in g[S.LAYER][:]]
+        store_heads = [int(v) for v in g[S.HEAD][:]]
+        examples = g[S.COMPARE_EXAMPLE][:]
+        for i in with_maps:
+            entry = info["compared"][i]
+            other = zarr.open_group(entry["store"], mode="r")
+            rows = [r for r in entry.get("most_changed", []) if r["layer"] in store_layers and r["head"] in store_heads]
+            rows = rows[:EXEMPLARS]
+            if not rows or S.THUMBNAILS not in other:
+                continue
+            fig = F.new_figure(2.0 * len(rows), 4.2)
+            for c, r in enumerate(rows):
+                jsd = g[S.COMPARE_MAPS][i, :, r["layer"], r["head"], 1]
+                e = int(examples[int(np.nanargmax(jsd))])
+                li, hi = store_layers.index(r["layer"]), store_heads.index(r["head"])
+                for k, (st, who) in enumerate(((g, info["job_model"]), (other, entry["label"]))):
+                    ax = fig.add_subplot(2, len(rows), k * len(rows) + c + 1)
+                    F.show_thumb(
+                        ax, decode_thumbnails(st[S.THUMBNAILS][e, li, hi]), f"L{r['layer']}H{r['head']} {who}", 7
+                    )
+            out.append(F.save(fig, out_dir, f"compare_exemplars_{entry['label']}.png"))
+        return out
+
+    def html(self, state: dict | None, figures: list[str]) -> str:
+        if not state:
+            return ""
+        info = state["info"]
+        parts = [
+            f"""
+<section id="compare"><h2>What changed between models</h2>
+<p class="note">The job's model ({esc(info["job_model"])}) against each compared model over the same inputs: per
+head, the cosine of the two flattened maps (Kovaleva et al. 2019; 1: the same map) and the mean Jensen-Shannon
+divergence of their rows (nats; 0: the same map), over {num(info["examples_compared"])} examples, with
+{int(info["level"] * 100)}% bootstrap intervals over examples; every per-map statistic and detector as the job's
+model's value minus the compared model's, over {num(info["examples"])} examples; and one clustering of all models'
+maps ({num(info.get("n_clusters"))} clusters), so a cluster means the same in every model. In the heatmaps, a dot
+marks a head whose interval lies wholly above the median head's change.</p>"""
+        ]
+        for entry in info.get("compared", []):
+            parts.append(f"<h3>{esc(info['job_model'])} vs {esc(entry['label'])} ({esc(entry['name'])})</h3>")
+            if not entry.get("maps"):
+                parts.append(f"<p><b>Statistics only:</b> {esc(entry.get('maps_refused'))}</p>")
+            rows = []
+            for r in entry.get("most_changed", []):
+                stats = "; ".join(
+                    f"{esc(s['stat'])} {num(s['change'])} [{num(s['ci'][0])}, {num(s['ci'][1])}]"
+                    for s in r.get("stats", [])
+                )
+                rows.append(
+                    f"<tr><td>L{r['layer']}H{r['head']}</td>"
+                    f"<td class=n>{num(r['cosine'][0])} [{num(r['cosine'][1])}, {num(r['cosine'][2])}]</td>"
+                    f"<td class=n>{num(r['jsd'][0])} [{num(r['jsd'][1])}, {num(r['jsd'][2])}]</td>"
+                    f"<td class=n>{num(r.get('cluster_stay'))}</td><td class=n>{num(r.get('ablation_cost'))}</td>"
+                    f"<td>{stats or 'none beyond chance'}</td></tr>"
+                )
+            if rows:
+                parts.append(
+                    "<p>The most-changed heads (by divergence), with the share of examples whose map stays in its "
+                    "cluster, the head's single-ablation cost in the job's model (where the heads stage ran), and its "
+                    "largest statistic changes whose interval excludes 0.</p><table><thead><tr><th>head</th>"
+                    "<th class=n>cosine [CI]</th><th class=n>divergence [CI]</th><th class=n>stays in cluster</th>"
+                    f"<th class=n>ablation cost</th><th>largest changes</th></tr></thead><tbody>{''.join(rows)}</tbody>"
+                    "</table>"
+                )
+            t = entry.get("transitions") or {}
+            if t.get("counts"):
+                head = "".join(f"<th class=n>{esc(c)}</th>" for c in t["clusters"])
+                body = "".join(
+                    f"<tr><td>{esc(c)}</td>" + "".join(f"<td class=n>{num(v)}</td>" for v in row) + "</tr>"
+                    for c, row in zip(t["clusters"], t["counts"], strict=True)
+                )
+                parts.append(
+                    f"<p>Cluster transitions: maps of the job's model (rows) and of {esc(entry['label'])} (columns) "
+                    f"for the same example and head; {num(t['stay'])} of the maps stay in their cluster.</p>"
+                    f"<table><thead><tr><th>cluster</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+                )
+        parts += [img(f, "what changed between models") for f in figures]
+        return "".join(parts) + "</section>"

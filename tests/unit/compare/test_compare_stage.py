@@ -1,0 +1,161 @@
+"""The finetune and compare stages in a job (issue 37), on the tiny BERT built in the tests and a tiny SQuAD file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zarr
+from helpers import FULL_REPORT, make_job, write_squad
+
+from rapids_attn.job import load_job
+from rapids_attn.pipeline import run_job
+from rapids_attn.store import schema as S
+
+FINETUNE = {
+    "enabled": True,
+    "max_steps": 4,
+    "save_steps": 2,
+    "batch_size": 4,
+    "eval_batch_size": 8,
+    "max_length": 64,
+    "doc_stride": 16,
+    "eval_fraction": 0.5,
+    "learning_rate": 0.005,  # four steps that move the tiny model's maps
+}
+COMPARE = {"enabled": True, "examples": 6, "resamples": 100, "fit_sample": 200}
+
+
+def _squad_job(tmp_path, model_dir, **sections):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    raw = make_job(tmp_path, model_dir, write_squad(tmp_path / "squad.json"), **sections)
+    raw["data"] = {"path": str(tmp_path / "squad.json")}
+    return load_job(None, raw=raw)
+
+
+def test_a_model_compared_with_itself_changes_nothing(tmp_path, tiny_bert_dir):
+    cfg = _squad_job(tmp_path, tiny_bert_dir, compare={**COMPARE, "models": [str(tiny_bert_dir)]})
+    summary = run_job(cfg)
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    maps = g[S.COMPARE_MAPS][:]
+    assert maps.shape == (1, 6, 2, 2, 2)
+    assert (maps[..., 0] == 1).all() and (maps[..., 1] == 0).all()  # cosine 1, divergence 0, exactly
+    heads = g[S.COMPARE_MAP_HEADS][:]
+    assert (heads[0, 0] == 1).all() and (heads[0, 1] == 0).all()  # mean and both ends of every interval
+    stat = g[S.COMPARE_STAT_HEADS][:]
+    assert np.nanmax(np.abs(stat)) == 0  # every statistic and detector unchanged
+    clusters = g[S.COMPARE_CLUSTER][:]
+    assert (clusters[0] == clusters[1]).all()
+    compared = summary["compare"]["compared"][0]
+    assert compared["maps"] and compared["transitions"]["stay"] == 1.0
+    assert (cfg.run_dir / "models" / compared["label"] / "store.zarr").is_dir()
+
+
+def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
+    from transformers import AutoModelForQuestionAnswering
+
+    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE, compare=COMPARE, explain=FULL_REPORT)
+    summary = run_job(cfg)
+    folder = cfg.run_dir / "models" / "finetuned"
+    AutoModelForQuestionAnswering.from_pretrained(folder)  # an ordinary HF folder
+    assert not (cfg.run_dir / "models" / "finetune-checkpoints").exists()
+    made = json.loads((folder / "metrics.json").read_text())
+    ft = summary["finetune"]
+    assert ft["scores"] == made["metrics"]
+    assert {"exact", "f1", "HasAns_f1", "NoAns_f1"} <= set(ft["scores"]) and ft["prior_work"]["f1"] == 76.29
+    assert ft["train_groups"] + ft["eval_groups"] == 4
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    assert g.attrs["model"]["source"] == str(folder)
+    # the later stages analysed the held-out articles only
+    held = {str(x) for x in g[S.EXAMPLE_GROUP][:]}
+    assert len(held) == ft["eval_groups"]
+    compared = summary["compare"]["compared"][0]
+    assert compared["label"] == "base" and compared["maps"]
+    maps = g[S.COMPARE_MAPS][:]
+    assert (maps[..., 0] < 1).any() and (maps[..., 1] > 0).any()  # training moved the maps
+    html = (cfg.run_dir / "report" / "index.html").read_text()
+    assert "What changed between models" in html and "The fine-tune" in html
+    assert (cfg.run_dir / "report" / "compare_layers.png").is_file()
+    # a second run reuses the folder (same settings) and the base's store
+    again = run_job(cfg, ("finetune", "compare"))
+    assert again["finetune"]["reused"] is True
+    assert again["compare"]["extracted"]["base"]["shards_run"] == 0
+
+
+def test_stages_after_finetune_need_its_folder(tmp_path, tiny_bert_dir):
+    from rapids_attn.errors import StoreError
+
+    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE)
+    with pytest.raises(StoreError, match="add finetune to --stages"):
+        run_job(cfg, ("extract",))
+
+
+def test_an_interrupted_finetune_stage_resumes_to_the_same_weights(tmp_path, tiny_bert_dir, monkeypatch):
+    """Killed after its step-2 checkpoint (the process dies in step 3), the stage resumes from that checkpoint and
+    ends with the weights of a run never interrupted; the folder does not exist until it is complete."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import Trainer
+
+    whole = _squad_job(tmp_path / "whole", tiny_bert_dir, finetune=FINETUNE)
+    run_job(whole, ("finetune",))
+    cut = _squad_job(tmp_path / "cut", tiny_bert_dir, finetune=FINETUNE)
+    step = Trainer.training_step
+    calls = {"n": 0}
+
+    def dies_in_step_3(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # Ctrl-C, or kill -9: nothing after this point runs
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", dies_in_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(cut, ("finetune",))
+    assert not (cut.run_dir / "models" / "finetuned").exists()
+    assert (cut.run_dir / "models" / "finetune-checkpoints" / "checkpoint-2").is_dir()
+    monkeypatch.setattr(Trainer, "training_step", step)
+    out = run_job(cut, ("finetune",))
+    assert out["finetune"]["resumed_from"].endswith("checkpoint-2")
+    a = load_file(whole.run_dir / "models" / "finetuned" / "model.safetensors")
+    b = load_file(cut.run_dir / "models" / "finetuned" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_finetune_and_compare_refuse_what_they_cannot_do(tmp_path, tiny_bert_dir):
+    from rapids_attn.errors import JobConfigError
+
+    jsonl = make_job(tmp_path, tiny_bert_dir, tmp_path / "x.jsonl", finetune=FINETUNE)
+    (tmp_path / "x.jsonl").write_text('{"text": "a b", "group": "g"}\n{"text": "c d", "group": "h"}\n')
+    jsonl["data"] = {"path": str(tmp_path / "x.jsonl"), "group_field": "group"}
+    with pytest.raises(JobConfigError, match="finetune.task: qa trains on SQuAD-format data"):
+        run_job(load_job(None, raw=jsonl))
+    cfg = _squad_job(tmp_path / "c", tiny_bert_dir, compare=COMPARE)
+    with pytest.raises(JobConfigError, match="compare.models: no model to compare"):
+        run_job(cfg)
+
+
+def test_a_copy_with_one_heads_query_changed_ranks_that_head_first(tmp_path, tiny_bert_dir):
+    import shutil
+
+    import torch
+    from transformers import BertModel
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_bert_dir, copy)
+    model = BertModel.from_pretrained(copy)
+    d = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():  # the last layer's head 1 gets new query weights
+        q = model.encoder.layer[1].attention.self.query
+        q.weight[d:] = torch.randn(d, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    model.save_pretrained(copy)
+    cfg = _squad_job(tmp_path / "run", tiny_bert_dir, compare={**COMPARE, "models": [str(copy)]})
+    summary = run_job(cfg)
+    top = summary["compare"]["compared"][0]["most_changed"]
+    assert (top[0]["layer"], top[0]["head"]) == (1, 1)
+    assert top[0]["jsd"][1] > 0 and top[0]["cosine"][2] < 1  # its interval excludes no change
+    for row in top[1:]:
+        assert row["jsd"] == [0.0, 0.0, 0.0] and row["cosine"] == [1.0, 1.0, 1.0]
