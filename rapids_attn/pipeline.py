@@ -75,7 +75,7 @@ def parse_stages(text: str | None, cfg: JobConfig | None = None) -> tuple[str, .
 def _index_data(cfg: JobConfig):
     """The dataset's index (counted and validated in one streaming pass; no texts held), with the probes
     appended inline."""
-    from rapids_attn.data import build_index
+    from rapids_attn.data.readers import index_for
 
     d = cfg.data
     if cfg.finetune.enabled:  # the later stages analyse the fine-tune over the examples its training never saw
@@ -83,18 +83,7 @@ def _index_data(cfg: JobConfig):
 
         index = held_out_index(cfg)
     else:
-        index = build_index(
-            d.path,
-            format=d.format,
-            text_fields=d.text_fields,
-            id_field=d.id_field,
-            group_field=d.group_field,
-            label_field=d.label_field,
-            limit=d.limit,
-            sample=d.sample,
-            seed=d.seed,
-            squad_unit=d.squad_unit,
-        )
+        index = index_for(d)
     if d.probe.count:
         from rapids_attn.data.probe import repeated_token_probes
         from rapids_attn.extract.model import load_tokenizer

@@ -326,13 +326,15 @@ class CompareStage(Stage):
                 h = head_intervals(d[keep], **boot)
                 stat[i, s] = np.stack([h.mean, h.low, h.high], -1)
         S.create_array(g, S.COMPARE_STAT_HEADS, stat.shape, attributes={"names": names}, data=stat)
-        clusters = self._clusters(ctx, stores, every)
+        clusters, xy = self._clusters(ctx, stores, every)
         S.create_array(g, S.COMPARE_CLUSTER, clusters.shape, data=clusters)
+        S.create_array(g, S.COMPARE_COORDS, xy.shape, data=xy)
         return {"map_heads": heads, "map_layers": layers, "stat_heads": stat, "names": names, "clusters": clusters}
 
-    def _clusters(self, ctx: RunContext, stores: list, every: np.ndarray) -> np.ndarray:
+    def _clusters(self, ctx: RunContext, stores: list, every: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each model's maps (the examples ``every``) in one clustering: the learn stage's estimator and settings,
-        fitted on a seeded sample of ``compare.fit_sample`` maps per model, then every map assigned."""
+        fitted on a seeded sample of ``compare.fit_sample`` maps per model, then every map assigned. Returns the
+        labels [model, example, layer, head] and the maps' 2-D coordinates in the clustered space (the explorer's)."""
         from rapids_attn.backends import LearnBackend
         from rapids_attn.learn.estimator import MapClusterer
 
@@ -347,16 +349,20 @@ class CompareStage(Stage):
         est = MapClusterer(self.job.reduce, self.job.cluster, ctx.seed, backend)
         est.fit(backend.asarray(fit))
         b = est.backend_
-        out = np.full((len(stores), *shape), -1, np.int32)
+        n_all = feats[0].shape[0]  # the store's examples: the probes (not in ``every``) stay -1 and NaN
+        out = np.full((len(stores), n_all, *shape[1:]), -1, np.int32)
+        xy = np.full((len(stores), n_all, *shape[1:], 2), np.nan, np.float32)
         step = max(1, 65536 // (shape[1] * shape[2]))
         for m, f in enumerate(feats):
             for s in range(0, len(every), step):
                 sel = every[s : s + step]
                 x = f.get_orthogonal_selection((sel,)).astype(np.float32)
-                lab = b.to_numpy(est.predict(b.asarray(x.reshape(-1, x.shape[-1]))))
-                out[m, s : s + len(sel)] = lab.reshape(len(sel), shape[1], shape[2])
+                z = est.transform(b.asarray(x.reshape(-1, x.shape[-1])))
+                lab = b.to_numpy(est.predict_embedding(z))
+                out[m, sel] = lab.reshape(len(sel), shape[1], shape[2])
+                xy[m, sel] = b.to_numpy(z)[:, :2].reshape(len(sel), shape[1], shape[2], -1)
         self.n_clusters_ = int(est.n_clusters_) if est.n_clusters_ is not None else int(out.max() + 1)
-        return out
+        return out, xy
 
     def _summary(self, g, made: dict, pos: np.ndarray, every: np.ndarray, extracted: dict) -> dict:
         """The stage's result, kept in the store (the ``compare`` attribute): what the report and summary.json read."""
@@ -377,7 +383,7 @@ class CompareStage(Stage):
         }
         for i, o in enumerate(self.others):
             plan = self.plans[o.label]
-            stay = (clusters[0] == clusters[i + 1]).mean(0)  # [layers, heads]
+            stay = (clusters[0][every] == clusters[i + 1][every]).mean(0)  # [layers, heads]
             entry = {
                 "label": o.label,
                 "name": o.model.name,
@@ -414,7 +420,7 @@ class CompareStage(Stage):
                     entry["most_changed"].append(row)
             else:  # statistics only: rank heads by their largest significant standardised change
                 entry["most_changed"] = []
-            entry["transitions"] = _transitions(clusters[0], clusters[i + 1])
+            entry["transitions"] = _transitions(clusters[0][every], clusters[i + 1][every])
             out["compared"].append(entry)
         return json_safe(out)
 

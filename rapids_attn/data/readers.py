@@ -159,6 +159,23 @@ def build_index(
     return dataclasses.replace(index, records=select_positions(n, limit=limit, sample=sample, seed=seed))
 
 
+def index_for(d, whole: bool = False) -> DataIndex:
+    """:func:`build_index` for a job's ``data`` section (:class:`rapids_attn.job.DataConfig`); ``whole``: every
+    record of the file, its ``sample`` and ``limit`` left out (the fine-tune's split is made on the whole file)."""
+    return build_index(
+        d.path,
+        format=d.format,
+        text_fields=d.text_fields,
+        id_field=d.id_field,
+        group_field=d.group_field,
+        label_field=d.label_field,
+        limit=None if whole else d.limit,
+        sample=None if whole else d.sample,
+        seed=d.seed,
+        squad_unit=d.squad_unit,
+    )
+
+
 def _fingerprint(path: Path, fmt: Format, stamped: tuple) -> str:
     """The content hash of the input by its format's rule, refused if it changed since indexing began (the index
     and the hash must describe the same bytes)."""

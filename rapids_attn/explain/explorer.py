@@ -12,6 +12,11 @@ Two linked views:
 
 Choosing a cluster or a head (the two menus, or a click on a head in the atlas) filters both views: the map
 keeps the chosen cluster's and head's maps, the atlas the heads whose dominant cluster is the chosen one.
+
+Where the compare stage ran, the map view shows every compared model's maps of the same sampled examples, layers
+and heads, placed and clustered by the compare stage's one clustering of all models (so a cluster means the same
+in every model, and the heads' dominant clusters are the job's model's in it); a third menu keeps one model's maps
+and a fourth colours the points by cluster or by model.
 """
 
 from __future__ import annotations
@@ -46,8 +51,34 @@ def sample_maps(shape: tuple[int, int, int], limit: int, seed: int) -> np.ndarra
     return np.sort(np.random.default_rng(seed).choice(total, size=limit, replace=False))
 
 
-def map_table(g, texts: dict[int, str], idx: np.ndarray) -> dict[str, list]:
-    """The map view's columns for the flat indices ``idx`` (example-major over the store's kept layers and heads)."""
+def explorer_models(g) -> list[tuple[str, object]]:
+    """(label, store group) of each model the map view shows: the compare stage's models, the job's first, when it
+    completed (and every compared store is still where it wrote it), else the job's model alone (label "")."""
+    import zarr
+
+    from rapids_attn.store import schema as S
+
+    info = g.attrs.get(S.Attr.COMPARE) if g.attrs.get(S.complete_attr("compare")) else None
+    if not info or S.COMPARE_COORDS not in g:
+        return [("", g)]
+    out = [(str(info["job_model"]), g)]
+    for entry in info.get("compared", []):
+        try:
+            out.append((str(entry["label"]), zarr.open_group(entry["store"], mode="r")))
+        except (OSError, ValueError, KeyError, FileNotFoundError):
+            return [("", g)]
+    return out
+
+
+def map_limit(g, limit: int) -> int:
+    """Maps sampled per model, so that all models' together are at most ``limit``."""
+    return max(1, limit // len(explorer_models(g)))
+
+
+def map_table(g, texts: dict[int, str], idx: np.ndarray, model: int | None = None, st=None) -> dict[str, list]:
+    """The map view's columns for the flat indices ``idx`` (example-major over the store's kept layers and heads):
+    the learn stage's coordinates and clusters, or with ``model`` (an index into the compare stage's models, whose
+    store ``st`` holds its thumbnails) that model's maps in the compare stage's shared clustering."""
     from rapids_attn.store import schema as S
     from rapids_attn.store.zarr_store import decode_thumbnails
 
@@ -55,8 +86,11 @@ def map_table(g, texts: dict[int, str], idx: np.ndarray) -> dict[str, list]:
     e, rest = np.divmod(idx, l_n * h_n)
     li, hi = np.divmod(rest, h_n)
     layers, heads = g[S.LAYER][:], g[S.HEAD][:]
-    coords = g[S.COORDS]
-    cluster = g[S.CLUSTER]
+    if model is None:
+        coords, cluster = g[S.COORDS], g[S.CLUSTER]
+    else:
+        coords, cluster = _Row(g[S.COMPARE_COORDS], model), _Row(g[S.COMPARE_CLUSTER], model)
+    st = g if st is None else st
     xy = np.zeros((len(idx), 2), np.float32)
     cl = np.zeros(len(idx), np.int64)
     pattern = np.full(len(idx), "", dtype=object)
@@ -71,8 +105,8 @@ def map_table(g, texts: dict[int, str], idx: np.ndarray) -> dict[str, list]:
         if classes and S.PATTERN in g:
             p = g[S.PATTERN][int(ex)]
             pattern[rows] = [classes[int(k)] if 0 <= int(k) < len(classes) else "" for k in p[li[rows], hi[rows]]]
-        if has_thumbs:
-            t = decode_thumbnails(g[S.THUMBNAILS][int(ex)])
+        if has_thumbs and S.THUMBNAILS in st:
+            t = decode_thumbnails(st[S.THUMBNAILS][int(ex)])
             for r in rows:
                 thumbs[r] = _png(t[li[r], hi[r]])
     ids = g[S.EXAMPLE_ID][:]
@@ -90,11 +124,21 @@ def map_table(g, texts: dict[int, str], idx: np.ndarray) -> dict[str, list]:
     }
 
 
+class _Row:
+    """One model's slice of a compare array, read one example at a time as the learn stage's arrays are."""
+
+    def __init__(self, array, model: int):
+        self.array, self.model = array, model
+
+    def __getitem__(self, ex: int):
+        return self.array[self.model, ex]
+
+
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{float(v):.3g}"
 
 
-def head_table(g, atlas: dict | None) -> dict[str, list]:
+def head_table(g, atlas: dict | None, cluster: np.ndarray | None = None) -> dict[str, list]:
     """The atlas view's columns: every kept head, placed by the relevance stage's atlas when it has the head,
     else at (head, -layer); its dominant map cluster and share, atlas cluster, related heads, and the measures
     :func:`rapids_attn.explain.relevance.place_heads` joined to it (consistency, importance, detector scores)."""
@@ -102,7 +146,7 @@ def head_table(g, atlas: dict | None) -> dict[str, list]:
     from rapids_attn.store import schema as S
 
     layers, heads = g[S.LAYER][:], g[S.HEAD][:]
-    dom, share = dominant_map_cluster(np.asarray(g[S.CLUSTER][:]))
+    dom, share = dominant_map_cluster(np.asarray(g[S.CLUSTER][:] if cluster is None else cluster))
     placed = {(h["layer"], h["head"]): h for h in (atlas or {}).get("heads", [])}
     keys = ("x", "y", "lh", "dominant", "share", "atlas_cluster", "related", "consistency", "importance", "detectors")
     cols: dict[str, list] = {k: [] for k in keys}
@@ -126,10 +170,11 @@ def head_table(g, atlas: dict | None) -> dict[str, list]:
 
 
 _FILTER_JS = """
-const c = cluster_select.value, h = head_select.value;
+const c = cluster_select.value, h = head_select.value, m = model_select.value;
 const d = maps.data, keep = [];
 for (let i = 0; i < d.cluster.length; i++) {
-  if ((c === 'all' || d.cluster[i] === c) && (h === 'all' || d.lh[i] === h)) keep.push(i);
+  if ((c === 'all' || d.cluster[i] === c) && (h === 'all' || d.lh[i] === h) && (m === 'all' || d.model[i] === m))
+    keep.push(i);
 }
 maps_filter.indices = keep;
 const a = heads.data, shown = [];
@@ -168,12 +213,24 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
 
     from rapids_attn.store import schema as S
 
-    idx = sample_maps(g[S.CLUSTER].shape, limit, seed)
-    mt = map_table(g, texts, idx)
-    ht = head_table(g, atlas)
+    models = explorer_models(g)
+    idx = sample_maps(g[S.CLUSTER].shape, map_limit(g, limit), seed)
+    if len(models) == 1:
+        mt = map_table(g, texts, idx)
+        mt["model"] = [""] * len(idx)
+        ht = head_table(g, atlas)
+    else:  # every model's maps of the same sample, in the compare stage's shared clustering
+        parts = [
+            map_table(g, texts, idx, m, st) | {"model": [label] * len(idx)} for m, (label, st) in enumerate(models)
+        ]
+        mt = {k: [v for p in parts for v in p[k]] for k in parts[0]}
+        keep = [i for i, x in enumerate(mt["x"]) if np.isfinite(x)]  # the probes are not in the shared clustering
+        mt = {k: [v[i] for i in keep] for k, v in mt.items()}
+        ht = head_table(g, atlas, g[S.COMPARE_CLUSTER][0])
+    n_points = len(mt["x"])
     maps = ColumnDataSource(mt, name="maps")
     heads = ColumnDataSource(ht, name="heads")
-    maps_filter = IndexFilter(list(range(len(idx))), name="maps_filter")
+    maps_filter = IndexFilter(list(range(n_points)), name="maps_filter")
     heads_filter = IndexFilter(list(range(len(ht["lh"]))), name="heads_filter")
     clusters = sorted(set(mt["cluster"]) | set(ht["dominant"]), key=int)
     palette = (Category20[20] * (len(clusters) // 20 + 1))[: max(len(clusters), 3)]
@@ -181,10 +238,11 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
 
     tips = """<div style="width:260px"><img src="@thumb" width="64" height="64"
       style="image-rendering:pixelated;float:left;margin-right:6px;border:1px solid #ccc">
-      <b>@lh</b> cluster @cluster<br>pattern: @pattern<br>example @example<br>
+      <b>@lh</b> @model cluster @cluster<br>pattern: @pattern<br>example @example<br>
       <span style="font-size:10px;color:#555">@text</span></div>"""
     p = figure(
-        title=f"The map of all maps ({len(idx):,} shown)",
+        title=f"The map of all maps ({n_points:,} shown)"
+        + (f": {len(models)} models in one clustering" if len(models) > 1 else ""),
         width=760,
         height=620,
         tools="pan,wheel_zoom,box_zoom,reset",
@@ -192,6 +250,20 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
     )
     p.scatter(
         "x", "y", source=maps, view=CDSView(filter=maps_filter), size=4, alpha=0.6, color=colour, name="maps_points"
+    )
+    labels = [label for label, _ in models]
+    by_model = p.scatter(
+        "x",
+        "y",
+        source=maps,
+        view=CDSView(filter=maps_filter),
+        size=4,
+        alpha=0.6,
+        color=factor_cmap(
+            "model", palette=(Category20[20] * (len(labels) // 20 + 1))[: max(len(labels), 3)], factors=labels
+        ),
+        name="maps_by_model",
+        visible=False,
     )
     p.add_tools(HoverTool(tooltips=tips, renderers=p.renderers))
     source_label = (
@@ -227,7 +299,17 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
     )
     cluster_select = Select(title="cluster", value="all", options=["all", *clusters], name="cluster_select")
     head_select = Select(title="head", value="all", options=["all", *ht["lh"]], name="head_select")
-    status = Div(text=f"{len(idx)} maps, {len(ht['lh'])} heads shown", name="status")
+    model_select = Select(title="model", value="all", options=["all", *labels], name="model_select")
+    colour_select = Select(title="colour by", value="cluster", options=["cluster", "model"], name="colour_select")
+    colour_select.js_on_change(
+        "value",
+        CustomJS(
+            args={"by_cluster": p.renderers[0], "by_model": by_model, "colour_select": colour_select},
+            code="by_model.visible = colour_select.value === 'model'; by_cluster.visible = !by_model.visible;",
+        ),
+    )
+    model_select.visible = colour_select.visible = len(models) > 1
+    status = Div(text=f"{n_points} maps, {len(ht['lh'])} heads shown", name="status")
     args = {
         "maps": maps,
         "heads": heads,
@@ -235,18 +317,20 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
         "heads_filter": heads_filter,
         "cluster_select": cluster_select,
         "head_select": head_select,
+        "model_select": model_select,
         "status": status,
     }
     cb = CustomJS(args=args, code=_FILTER_JS)
     cluster_select.js_on_change("value", cb)
     head_select.js_on_change("value", cb)
+    model_select.js_on_change("value", cb)
     heads.selected.js_on_change("indices", CustomJS(args={"heads": heads, "head_select": head_select}, code=_TAP_JS))
     q.select_one(TapTool).renderers = [q.renderers[0]]
     intro = Div(
         text="<b>rapids_attn explorer.</b> Hover a point for its thumbnail, layer, head, cluster, pattern and text. "
         "Choose a cluster or a head (or click a head in the atlas) to filter both views."
     )
-    page = column(intro, row(cluster_select, head_select, status), row(p, q))
+    page = column(intro, row(cluster_select, head_select, model_select, colour_select, status), row(p, q))
     html = file_html(page, resources=INLINE, title="rapids_attn explorer")
     out = Path(out_dir) / FILE
     part = out.with_name(FILE + ".part")

@@ -182,7 +182,7 @@ class ExplainStage(Stage):
         """report/explorer.html (explain.explorer), or none: an earlier run's file is removed."""
         import zarr
 
-        from rapids_attn.explain.explorer import FILE, sample_maps, write_explorer
+        from rapids_attn.explain.explorer import FILE, explorer_models, map_limit, sample_maps, write_explorer
 
         out = ctx.run_dir / "report" / FILE
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ class ExplainStage(Stage):
             return
         g = zarr.open_group(str(ctx.store_path), mode="r")
         shape = g[S.CLUSTER].shape
-        idx = sample_maps(shape, self.explain_cfg.explorer_sample, self.seed)
+        idx = sample_maps(shape, map_limit(g, self.explain_cfg.explorer_sample), self.seed)
         examples = sorted({int(i) for i in idx // (shape[1] * shape[2])})
         texts = {
             i: e.text + (f" | {e.text_pair}" if e.text_pair else "")
@@ -199,7 +199,12 @@ class ExplainStage(Stage):
         }
         atlas = (self._reported().get("relevance") or {}).get("atlas")  # the relevance stage's head atlas
         path = write_explorer(out.parent, g, texts, atlas, self.explain_cfg.explorer_sample, self.seed)
-        summary["explorer"] = {"path": str(path), "maps": len(idx), "bytes": path.stat().st_size}
+        summary["explorer"] = {
+            "path": str(path),
+            "maps": len(idx),  # per model: with the compare stage, every model's maps of the same sample
+            "models": len(explorer_models(g)),
+            "bytes": path.stat().st_size,
+        }
 
     def _reported(self) -> dict:
         """What each report section read in this run, by stage name."""

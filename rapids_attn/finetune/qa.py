@@ -107,23 +107,65 @@ def eval_features(tokenizer, examples: Sequence[Example], w: QAWindowing) -> tup
     return inputs, meta
 
 
-def predict_answers(examples: Sequence[Example], meta: list[dict], start: list, end: list) -> list[str]:
-    """Each example's answer from its windows' logits: the best valid span of any window, or "" where the
-    no-answer score (first token's start + end) of a window is higher (run_qa.py's rule, threshold 0)."""
+def span_predictions(
+    examples: Sequence[Example], meta: list[dict], start: list, end: list
+) -> tuple[list[str], np.ndarray]:
+    """Each example's best valid span of any of its windows (the answer it would give if it had to answer; "" where
+    no window has one), and its no-answer margin: the least no-answer score of its windows (first token's start +
+    end) minus that span's score (+inf without a span). The official evaluation's ``na_prob``: higher is more
+    surely unanswerable."""
     best: dict[int, tuple[float, str]] = {}
     null: dict[int, float] = {}
     for m, s, e in zip(meta, start, end, strict=True):
         s, e = np.asarray(s, dtype=np.float64), np.asarray(e, dtype=np.float64)
         i = m["example"]
-        null[i] = min(null.get(i, np.inf), float(s[0] + e[0]))  # the least no-answer score of its windows
+        null[i] = min(null.get(i, np.inf), float(s[0] + e[0]))
         score, a, b = best_span(s, e, m["context"])
         if a >= 0 and score > best.get(i, (-np.inf, ""))[0]:
             text = examples[i].text_pair or ""
             best[i] = (score, text[m["offsets"][a][0] : m["offsets"][b][1]])
-    out = []
-    for i in range(len(examples)):
-        score, text = best.get(i, (-np.inf, ""))
-        out.append(text if score > null.get(i, -np.inf) else "")
+    spans = [best.get(i, (-np.inf, ""))[1] for i in range(len(examples))]
+    margin = np.asarray([null.get(i, -np.inf) - best.get(i, (-np.inf, ""))[0] for i in range(len(examples))])
+    return spans, margin
+
+
+def predict_answers(examples: Sequence[Example], meta: list[dict], start: list, end: list) -> list[str]:
+    """Each example's answer from its windows' logits: the best valid span of any window, or "" where the
+    no-answer score (first token's start + end) of a window is higher (run_qa.py's rule, threshold 0)."""
+    spans, margin = span_predictions(examples, meta, start, end)
+    return [text if m < 0 else "" for text, m in zip(spans, margin, strict=True)]
+
+
+def best_threshold_scores(examples: Sequence[Example], spans: Sequence[str], margin: np.ndarray) -> dict:
+    """The official SQuAD 2.0 evaluation's ``best_exact`` and ``best_f1`` (and their thresholds): the scores when
+    the no-answer threshold on ``margin`` is the one that scores best on these examples (``find_best_thresh``:
+    answer where the margin is at most the threshold). An upper bound a model reaches with its threshold tuned on
+    this very set; it shows what its spans are worth apart from its no-answer calibration."""
+    rows = []
+    for ex, text, m in zip(examples, spans, margin, strict=True):
+        gold = gold_answers(ex)
+        if gold is None:
+            continue
+        has = gold != [""]
+        rows.append(
+            (
+                float(m),
+                has,
+                bool(text),
+                max(exact_score(g, text) for g in gold) if has else 0,
+                max(f1_score(g, text) for g in gold) if has else 0.0,
+            )
+        )
+    out = {}
+    for col, name in ((3, "exact"), (4, "f1")):
+        cur = best = float(sum(not r[1] for r in rows))  # every question answered "no answer"
+        thresh = 0.0
+        for r in sorted(rows, key=lambda r: r[0]):
+            cur += r[col] if r[1] else (-1 if r[2] else 0)
+            if cur > best:
+                best, thresh = cur, r[0]
+        out[f"best_{name}"] = round(100.0 * best / max(len(rows), 1), 2)
+        out[f"best_{name}_thresh"] = round(float(thresh), 4)
     return out
 
 
@@ -243,9 +285,10 @@ def evaluate_qa(model, tokenizer, examples: Sequence[Example], w: QAWindowing, b
             for b, t in enumerate(n):
                 starts.append(out.start_logits[b, :t].float().cpu().numpy())
                 ends.append(out.end_logits[b, :t].float().cpu().numpy())
-    predictions = predict_answers(examples, meta, starts, ends)
+    spans, margin = span_predictions(examples, meta, starts, ends)
+    predictions = [text if m < 0 else "" for text, m in zip(spans, margin, strict=True)]
     return {
-        "scores": squad_v2_scores(examples, predictions),
+        "scores": {**squad_v2_scores(examples, predictions), **best_threshold_scores(examples, spans, margin)},
         "predictions": {ex.id: p for ex, p in zip(examples, predictions, strict=True)},
     }
 

@@ -46,20 +46,12 @@ def split_by_group(
 
 
 def job_examples(cfg):
-    """(the index, every example) of of the job's file (``data``'s reading settings; its ``sample`` and ``limit`` left out: the
-    split is made on the whole file, so a sample of the analysed examples never moves an article across it)."""
-    from rapids_attn.data import build_index
+    """(the index, every example) of the job's whole file (``data``'s reading settings without its ``sample`` and
+    ``limit``: the split is made on the whole file, so a sample of the analysed examples never moves an article
+    across it)."""
+    from rapids_attn.data.readers import index_for
 
-    d = cfg.data
-    index = build_index(
-        d.path,
-        format=d.format,
-        text_fields=d.text_fields,
-        id_field=d.id_field,
-        group_field=d.group_field,
-        label_field=d.label_field,
-        squad_unit=d.squad_unit,
-    )
+    index = index_for(cfg.data, whole=True)
     return index, index.read(range(len(index)))
 
 

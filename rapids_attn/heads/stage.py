@@ -101,16 +101,25 @@ class HeadsStage(Stage):
 
         return HeadsSection()
 
-    def __init__(self, heads, model, extract, runtime):
+    def __init__(self, heads, model, extract, runtime, finetune_task: str | None = None):
         self.cfg = heads
         self.model_cfg = model
         self.extract_cfg = extract
         self.runtime_cfg = runtime
+        #: the job fine-tunes the model for this task first (finetune.enabled): until that folder exists, the
+        #: metric follows the task (qa: squad, classify: accuracy) and the model's head is checked when it runs
+        self.finetune_task = finetune_task
         self.requires = (S.EXAMPLE_GROUP, *((S.CLUSTER,) if "cluster" in heads.sets else ()))
 
     @classmethod
     def from_job(cls, cfg) -> HeadsStage:
-        return cls(cfg.heads, cfg.model, cfg.extract, cfg.runtime)
+        return cls(cfg.heads, cfg.model, cfg.extract, cfg.runtime, cfg.finetune.task if cfg.finetune.enabled else None)
+
+    def _pending(self) -> bool:
+        """The model is the fine-tune this run makes, not made yet."""
+        from pathlib import Path
+
+        return self.finetune_task is not None and not Path(self.model_cfg.name).is_dir()
 
     @classmethod
     def runs_by_default(cls, cfg) -> bool:
@@ -128,6 +137,8 @@ class HeadsStage(Stage):
 
         if self.cfg.metric != "auto":
             return self.cfg.metric
+        if self._pending():
+            return {"qa": "squad", "classify": "accuracy"}[self.finetune_task]
         return auto_metric(self._config(), ctx.data.format)
 
     def check(self, ctx: RunContext) -> None:
@@ -137,7 +148,9 @@ class HeadsStage(Stage):
         from rapids_attn.heads.metrics import metric_for
 
         name = self.metric_name(ctx)
-        if name != "retrieval":  # the task heads of an encoder-decoder model read its decoder
+        if self._pending():  # the fine-tune's head is its task's: checked against its folder when this stage runs
+            pass
+        elif name != "retrieval":  # the task heads of an encoder-decoder model read its decoder
             import transformers
 
             from rapids_attn.extract.model import model_class
@@ -148,7 +161,8 @@ class HeadsStage(Stage):
                     "whose head reads its decoder, and rapids_attn masks its encoder's heads; use heads.metric: "
                     "retrieval (question/paragraph pairs), or an encoder-only or decoder-only model"
                 )
-        metric_for(name).check(self._config(), None, self.model_cfg.name, ctx.data.format)
+        if not self._pending():
+            metric_for(name).check(self._config(), None, self.model_cfg.name, ctx.data.format)
         if name in ("squad", "retrieval") and not ctx.data.pairs:
             raise JobConfigError(
                 f"heads.metric: {name} needs question/paragraph pairs; this data has one text per example: "
@@ -227,6 +241,8 @@ class HeadsStage(Stage):
         self._examples = ctx.data.read(pos)
         self._metric = self.metric_name(ctx)
         self._metric_obj = metric_for(self._metric)
+        if self.finetune_task is not None:  # the fine-tune made by this run: its head checked now that it exists
+            self._metric_obj.check(self._config(), None, self.model_cfg.name, ctx.data.format)
         self._max_length = int(cfg.max_length or min(ctx.model.max_length, DEFAULT_MAX_LENGTH_CAP))  # eager: T^2 memory
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
         shards = shards_of(self._examples, ctx)

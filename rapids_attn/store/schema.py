@@ -213,6 +213,14 @@ COMPARE_CLUSTER = ArraySpec(
     -1,
     "each model's maps in one clustering fitted on all models' features (-1: noise)",
 )
+COMPARE_COORDS = ArraySpec(
+    "compare_coords",
+    ("compare_model", *MAP_DIMS, "xy"),
+    "float32",
+    "compare",
+    np.nan,
+    "each model's maps in the shared clustering's space (UMAP's 2-D, else the first two PCs): the explorer's map",
+)
 
 # -- written by the explain stage ------------------------------------------------------------------
 HEAD_DETECTORS = ArraySpec(
@@ -268,6 +276,7 @@ ARRAYS: dict[str, ArraySpec] = {
         COMPARE_MAP_LAYERS,
         COMPARE_STAT_HEADS,
         COMPARE_CLUSTER,
+        COMPARE_COORDS,
         HEAD_DETECTORS,
     )
 }

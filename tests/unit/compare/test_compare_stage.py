@@ -55,7 +55,15 @@ def test_a_model_compared_with_itself_changes_nothing(tmp_path, tiny_bert_dir):
 def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
     from transformers import AutoModelForQuestionAnswering
 
-    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE, compare=COMPARE, explain=FULL_REPORT)
+    heads = {  # the heads stage on the fine-tune (its metric from the task: the folder does not exist in preflight)
+        "enabled": True,
+        "examples": 4,
+        "sets": ["layer"],
+        "importance": False,
+        "pruning": {"steps": 2, "random_orders": 1},
+        "probing": {"enabled": False},
+    }
+    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE, compare=COMPARE, heads=heads, explain=FULL_REPORT)
     summary = run_job(cfg)
     folder = cfg.run_dir / "models" / "finetuned"
     AutoModelForQuestionAnswering.from_pretrained(folder)  # an ordinary HF folder
@@ -72,11 +80,18 @@ def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
     assert len(held) == ft["eval_groups"]
     compared = summary["compare"]["compared"][0]
     assert compared["label"] == "base" and compared["maps"]
+    assert summary["head_importance"]["metric"] == "squad"
+    assert all("ablation_cost" in row for row in compared["most_changed"])  # beside each head's change
     maps = g[S.COMPARE_MAPS][:]
     assert (maps[..., 0] < 1).any() and (maps[..., 1] > 0).any()  # training moved the maps
     html = (cfg.run_dir / "report" / "index.html").read_text()
     assert "What changed between models" in html and "The fine-tune" in html
     assert (cfg.run_dir / "report" / "compare_layers.png").is_file()
+    # the explorer shows both models' maps of the same sample in the shared clustering, with a model menu
+    explorer = (cfg.run_dir / "report" / "explorer.html").read_text()
+    assert "model_select" in explorer and "maps_by_model" in explorer
+    assert '"finetuned"' in explorer and '"base"' in explorer
+    assert summary["explorer"]["models"] == 2
     # a second run reuses the folder (same settings) and the base's store
     again = run_job(cfg, ("finetune", "compare"))
     assert again["finetune"]["reused"] is True

@@ -4,6 +4,7 @@ to the weights of an uninterrupted one."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_bert_config
@@ -135,3 +136,20 @@ def test_an_interrupted_fine_tune_resumes_to_the_same_weights(tmp_path, tokenize
     resumed = train_qa(_model(tokenizer), tokenizer, _examples(), w, SETTINGS, work, "cpu").model
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_best_threshold_follows_the_official_find_best_thresh():
+    """SQuAD 2.0's official evaluation: answered where the no-answer margin is at most the threshold, the threshold
+    chosen where the score is highest (the first such, scanning margins upwards from all-no-answer)."""
+    from rapids_attn.finetune.qa import best_threshold_scores
+
+    exs = [
+        Example(id="a", text="q", text_pair="c", label="answerable", answers=("Paris",)),
+        Example(id="b", text="q", text_pair="c", label="impossible"),
+        Example(id="c", text="q", text_pair="c", label="answerable", answers=("Rome",)),
+    ]
+    out = best_threshold_scores(exs, ["Paris", "x", "Rome"], np.asarray([-1.0, 1.0, 2.0]))
+    # all null: 1 of 3; answering a: 2; then b (wrong): 1; then c: 2 again, not higher
+    assert out == {"best_exact": 66.67, "best_exact_thresh": -1.0, "best_f1": 66.67, "best_f1_thresh": -1.0}
+    nothing = best_threshold_scores(exs, ["Berlin", "x", "Oslo"], np.asarray([-1.0, 1.0, 2.0]))
+    assert nothing["best_exact"] == 33.33 and nothing["best_exact_thresh"] == 0.0  # no answer beats it

@@ -62,3 +62,31 @@ def test_a_classifier_fine_tunes_and_names_its_classes(tmp_path):
     assert r["total"] == 30 and set(r["per_class"]) == set(names) and 0.0 <= r["accuracy"] <= 1.0
     with pytest.raises(DataError, match="every example has the label 'x'"):
         label_names([Example(id="a", text="t", label="x")])
+
+
+def test_the_held_out_index_reads_only_held_out_groups_then_samples_them(tmp_path):
+    """The later stages' index: the whole file's examples of the held-out groups (a line file's stay records a
+    worker reads by seeking), then data.sample over those, seeded; the training side has none of them."""
+    from helpers import pair_rows, write_jsonl
+
+    from rapids_attn.finetune.split import held_out_index, job_split
+    from rapids_attn.job import JobConfig
+
+    rows = pair_rows(30)
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    raw = {
+        "data": {"path": str(data), "text_fields": ["question", "context"], "id_field": "id", "group_field": "topic"},
+        "model": {"name": "minilm-l6"},
+        "finetune": {"enabled": True, "eval_fraction": 0.3},
+    }
+    cfg = JobConfig.model_validate(raw)
+    train, evaluation = job_split(cfg)
+    index = held_out_index(cfg)
+    assert index.inline == () and len(index.records) == len(evaluation)
+    read = index.read(range(len(index)))
+    assert [ex.id for ex in read] == [ex.id for ex in evaluation]
+    assert not {ex.group for ex in read} & {ex.group for ex in train}
+    raw["data"]["sample"] = 4
+    sampled = held_out_index(JobConfig.model_validate(raw))
+    assert len(sampled) == 4 and {ex.id for ex in sampled.read(range(4))} <= {ex.id for ex in evaluation}
+    assert sampled.rows(0, 4).read() == sampled.read(range(4))  # what a worker reads from its task's rows
