@@ -1,5 +1,7 @@
 """Check report/explorer.html in headless Chromium: it loads with the network blocked, a scripted hover shows
-a map's tooltip, and choosing a cluster, then a head, filters both views.
+a map's tooltip, and choosing a cluster, then a head, filters both views. Where the compare stage ran (the page
+offers more than one model), choosing a model keeps that model's maps, and colouring by model shows the points
+coloured that way.
 
     python -m tools.check_explorer RUN_DIR [--screenshots DIR] [--chromium /usr/bin/chromium]
 
@@ -127,6 +129,31 @@ def check(page_path: Path, chromium: str = "/usr/bin/chromium", screenshots: Pat
         page.wait_for_timeout(500)
         s3 = page.evaluate(STATE_JS)
         ok(s3["head"] != "all" and s3["heads"] == 1, f"choosing a head in the atlas: {s3['head']}, {s3['status']}")
+        models = page.evaluate("() => Bokeh.documents[0].get_model_by_name('model_select').options")
+        if len(models) > 2:  # "all" and two or more models: the compare stage's explorer
+            page.evaluate(
+                "() => { const d = Bokeh.documents[0]; d.get_model_by_name('head_select').value = 'all';"
+                " d.get_model_by_name('heads').selected.indices = []; }"
+            )
+            page.wait_for_timeout(500)
+            every = page.evaluate(STATE_JS)["maps"]
+            page.evaluate(f"() => {{ Bokeh.documents[0].get_model_by_name('model_select').value = '{models[2]}'; }}")
+            page.wait_for_timeout(500)
+            one = page.evaluate(
+                "() => { const d = Bokeh.documents[0]; const m = d.get_model_by_name('maps').data;"
+                " const k = d.get_model_by_name('maps_filter').indices; return [k.length, k.filter((i) => m.model[i]"
+                f" !== '{models[2]}').length]; }}"
+            )
+            ok(0 < one[0] < every and one[1] == 0, f"model {models[2]}: {one[0]} of {every} maps, all of it")
+            page.evaluate("() => { Bokeh.documents[0].get_model_by_name('colour_select').value = 'model'; }")
+            page.wait_for_timeout(500)
+            shown = page.evaluate(
+                "() => { const d = Bokeh.documents[0];"
+                " return [d.get_model_by_name('maps_by_model').visible, d.get_model_by_name('maps_points').visible]; }"
+            )
+            ok(shown == [True, False], f"colour by model: the by-model points shown, the by-cluster hidden ({shown})")
+            if screenshots:
+                page.screenshot(path=str(screenshots / "explorer-models.png"))
         browser.close()
     return out
 

@@ -329,6 +329,12 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
     intro = Div(
         text="<b>rapids_attn explorer.</b> Hover a point for its thumbnail, layer, head, cluster, pattern and text. "
         "Choose a cluster or a head (or click a head in the atlas) to filter both views."
+        + (
+            " The maps of every compared model are shown, in one clustering of all of them: choose a model to keep its"
+            " maps, or colour the points by model."
+            if len(models) > 1
+            else ""
+        )
     )
     page = column(intro, row(cluster_select, head_select, model_select, colour_select, status), row(p, q))
     html = file_html(page, resources=INLINE, title="rapids_attn explorer")
