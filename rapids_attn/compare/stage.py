@@ -202,11 +202,7 @@ class CompareStage(Stage):
         sub_job = self._sub_job(ctx, other)
         e = self.job
         layout = plan_layout(e.extract, e.embed, e.store, len(ctx.data), info.n_layers, info.n_heads, other.model.name)
-        layout = (
-            dataclasses.replace(layout, shard_size=ctx.layout.shard_size)
-            if layout.shard_size != ctx.layout.shard_size
-            else layout
-        )
+        layout = dataclasses.replace(layout, shard_size=ctx.layout.shard_size)  # the job's shards, row for row
         own = sub_job.extraction_key(ctx.data.fingerprint, layout.shard_size)
         return dataclasses.replace(
             ctx,
@@ -418,7 +414,7 @@ class CompareStage(Stage):
                         row["cluster_stay"] = float(stay[li, hi])
                         row["stats"] = _largest_changes(stat_heads[i, :, li, hi], names)
                     entry["most_changed"].append(row)
-            else:  # statistics only: rank heads by their largest significant standardised change
+            else:  # statistics only: no map measure to rank heads by (each head's changes: compare_stat_heads)
                 entry["most_changed"] = []
             entry["transitions"] = _transitions(clusters[0][every], clusters[i + 1][every])
             out["compared"].append(entry)

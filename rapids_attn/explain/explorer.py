@@ -248,22 +248,18 @@ def write_explorer(out_dir: Path, g, texts: dict[int, str], atlas: dict | None, 
         tools="pan,wheel_zoom,box_zoom,reset",
         output_backend="webgl",  # tens of thousands of points pan and zoom smoothly on the GPU's canvas
     )
-    p.scatter(
-        "x", "y", source=maps, view=CDSView(filter=maps_filter), size=4, alpha=0.6, color=colour, name="maps_points"
-    )
+    points = {"source": maps, "size": 4, "alpha": 0.6}  # each renderer with a view of its own on the one filter
+    p.scatter("x", "y", color=colour, name="maps_points", view=CDSView(filter=maps_filter), **points)
     labels = [label for label, _ in models]
+    model_palette = (Category20[20] * (len(labels) // 20 + 1))[: max(len(labels), 3)]
     by_model = p.scatter(
         "x",
         "y",
-        source=maps,
-        view=CDSView(filter=maps_filter),
-        size=4,
-        alpha=0.6,
-        color=factor_cmap(
-            "model", palette=(Category20[20] * (len(labels) // 20 + 1))[: max(len(labels), 3)], factors=labels
-        ),
+        color=factor_cmap("model", palette=model_palette, factors=labels),
         name="maps_by_model",
         visible=False,
+        view=CDSView(filter=maps_filter),
+        **points,
     )
     p.add_tools(HoverTool(tooltips=tips, renderers=p.renderers))
     source_label = (

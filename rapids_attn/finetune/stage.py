@@ -56,11 +56,18 @@ def settings_key(cfg, fingerprint: str) -> dict:
     }
 
 
-def folder_key(folder: Path) -> dict | None:
+def _read_json(path: Path):
+    """A JSON file's content, or None where it is absent or unreadable."""
     try:
-        return json.loads((folder / "metrics.json").read_text()).get("made_from")
-    except (OSError, ValueError, AttributeError):
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
+
+
+def folder_key(folder: Path) -> dict | None:
+    """What a complete fine-tuned folder was made from (its metrics.json's ``made_from``), or None."""
+    made = _read_json(folder / "metrics.json")
+    return made.get("made_from") if isinstance(made, dict) else None
 
 
 @dataclass
@@ -143,8 +150,8 @@ class FinetuneStage(Stage):
         cfg, f = self.cfg, self.cfg.finetune
         folder = finetuned_folder(ctx.run_dir)
         key = settings_key(cfg, ctx.data.fingerprint)
-        if folder.is_dir() and folder_key(folder) == key:
-            made = json.loads((folder / "metrics.json").read_text())
+        made = _read_json(folder / "metrics.json")
+        if isinstance(made, dict) and made.get("made_from") == key:
             print(
                 f"rapids_attn: finetune: {folder} is complete with these settings; not trained again", file=sys.stderr
             )
@@ -169,7 +176,7 @@ class FinetuneStage(Stage):
         work = ctx.run_dir / MODELS_DIR / CHECKPOINTS
         if folder.exists():  # made with other settings (or another file): trained again, from scratch
             shutil.rmtree(folder)
-        resumed = qa.last_checkpoint(work) if (work / "made_from.json").is_file() and _same(work, key) else None
+        resumed = qa.last_checkpoint(work) if _read_json(work / "made_from.json") == key else None
         if resumed is None and work.exists():
             shutil.rmtree(work)
         work.mkdir(parents=True, exist_ok=True)
@@ -215,10 +222,3 @@ class FinetuneStage(Stage):
         qa.finish(trainer, tokenizer, folder, scores, settings, w, {"made_from": key, "result": result.to_dict()})
         shutil.rmtree(work, ignore_errors=True)
         return result
-
-
-def _same(work: Path, key: dict) -> bool:
-    try:
-        return json.loads((work / "made_from.json").read_text()) == key
-    except (OSError, ValueError):
-        return False

@@ -148,9 +148,8 @@ class HeadsStage(Stage):
         from rapids_attn.heads.metrics import metric_for
 
         name = self.metric_name(ctx)
-        if self._pending():  # the fine-tune's head is its task's: checked against its folder when this stage runs
-            pass
-        elif name != "retrieval":  # the task heads of an encoder-decoder model read its decoder
+        # a fine-tune this run makes has its task's head: checked against its folder when this stage runs
+        if not self._pending() and name != "retrieval":  # the task heads of an encoder-decoder model read its decoder
             import transformers
 
             from rapids_attn.extract.model import model_class
