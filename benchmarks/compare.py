@@ -2,14 +2,17 @@
 against extracting one (issue 37's target: at most 2.2x).
 
 On ``--questions`` SQuAD questions sampled from ``--data`` (seed 0), tokenized and batched as the extract stage
-batches them (``extract.batching.length_batches``, the default budgets), the quickstart job's model (MiniLM,
-the blocked capture over SDPA) in this one process, on every core:
+batches them (``extract.batching.length_batches``, the default budgets), the quickstart job's model (MiniLM) in
+this one process, on every core:
 
-- **extract**: one model's extraction of a batch, ``Extractor.run_batch`` (the forward, the capture's
-  reductions: images, statistics, profile, detectors; the pattern CNN's embedding is the stage's next step and
-  is left out, so the ratio is against the capture alone, the harder target);
-- **compare**: ``rapids_attn.compare.pairwise.compare_batch`` of that model against a copy with perturbed
-  weights (two forwards keeping queries and keys, then cosine and Jensen-Shannon block by block).
+- **extract**: one model's extraction of a batch, ``Extractor.run_batch`` (the blocked capture over the job's
+  ``extract.attention_base``: the forward, the capture's reductions: images, statistics, profile, detectors;
+  the pattern CNN's embedding is the stage's next step and is left out, so the ratio is against the capture
+  alone, the harder target);
+- **compare**: the two steps of ``rapids_attn.compare.pairwise.compare_batch``, timed apart, of that model
+  against a copy with perturbed weights, both loaded as the compare stage loads them (``load_model`` over
+  ``forward_base``'s attention): the two forwards keeping queries and keys, then the pairwise pass (cosine and
+  Jensen-Shannon block by block).
 
 The two alternate batch by batch (``--rounds`` passes over all batches, after one untimed pass), so the host's
 load falls on both alike; the table gives the seconds per example of each and their ratio.
@@ -41,9 +44,10 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    from rapids_attn.compare.pairwise import compare_batch
+    from rapids_attn.compare.pairwise import QueryKeys, forward_base, pair_sums
     from rapids_attn.extract.batching import length_batches, tokenize
     from rapids_attn.extract.capture import AttentionCapture
+    from rapids_attn.extract.model import load_model
     from rapids_attn.extract.shard import Extractor, ShardTask
     from rapids_attn.job import ExtractConfig, load_job
     from rapids_attn.pipeline import preflight
@@ -65,35 +69,49 @@ def main(argv=None) -> int:
         t = tokenize(ex.tokenizer, examples, plan.model.max_length)
         e = ExtractConfig()
         batches = length_batches(t.lengths, e.token_budget, e.max_batch_size, e.attention_budget)
-        other = copy.deepcopy(ex.model)
+        # both compared models as the stage's workers load them (rapids_attn.compare.work): the forwards over
+        # forward_base's attention; the second model's weights perturbed
+        base = forward_base(e.attention_base)
+        dtype = str(next(ex.model.parameters()).dtype).removeprefix("torch.")
+        mine = load_model(cfg.model, "cpu", dtype, "blocked", base)
+        other = copy.deepcopy(mine)
         with torch.no_grad():
             g = torch.Generator().manual_seed(0)
             for p in other.parameters():
                 p.add_(0.01 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-        cap_a, cap_b = ex.capture, AttentionCapture(other, plan.model.n_layers)
+        cap_a, cap_b = (AttentionCapture(m, plan.model.n_layers) for m in (mine, other))
 
         def padded(idx):
             enc = ex.tokenizer.pad(t.batch(idx), padding=True, return_tensors="pt")
             return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
         def run(kind, idx):
+            """Seconds of one batch: extract's; or compare's, as (the two forwards, the pairwise pass), the two
+            steps of compare_batch timed apart."""
             t0 = time.perf_counter()
             if kind == "extract":
                 ex.run_batch(**t.batch(idx))
-            else:
-                with torch.inference_mode():
-                    compare_batch(cap_a, cap_b, padded(idx))
-            return time.perf_counter() - t0
+                return {"extract": time.perf_counter() - t0}
+            with torch.inference_mode():
+                batch = padded(idx)
+                a, b = QueryKeys(), QueryKeys()
+                cap_a.run(batch, a)
+                cap_b.run(batch, b)
+                t1 = time.perf_counter()
+                pair_sums(a, b, batch["attention_mask"].sum(-1))
+            return {"forwards": t1 - t0, "pairwise": time.perf_counter() - t1}
 
         for idx in batches:  # untimed: allocator pools, lazy imports
             run("extract", idx)
             run("compare", idx)
-        sec = {"extract": 0.0, "compare": 0.0}
+        sec = {"extract": 0.0, "forwards": 0.0, "pairwise": 0.0}
         for _ in range(args.rounds):
             for i, idx in enumerate(batches):
                 order = ("extract", "compare") if i % 2 == 0 else ("compare", "extract")
                 for kind in order:
-                    sec[kind] += run(kind, idx)
+                    for k, v in run(kind, idx).items():
+                        sec[k] += v
+        sec["compare"] = sec["forwards"] + sec["pairwise"]
     n = len(examples) * args.rounds
     R = {
         "machine": machine_info(torch=torch.__version__, threads=torch.get_num_threads()),
@@ -107,8 +125,9 @@ def main(argv=None) -> int:
     per = {k: v / n for k, v in sec.items()}
     print(f"{len(examples)} questions, {len(batches)} batches, {R['tokens']:,} tokens, {args.rounds} rounds\n")
     print("| | s per example | ratio to extract |\n|---|---|---|")
-    for k in ("extract", "compare"):
-        print(f"| {k} | {per[k]:.4f} | {per[k] / per['extract']:.2f}x |")
+    for k in ("extract", "compare", "forwards", "pairwise"):
+        name = k if k in ("extract", "compare") else f"- of which {k}"
+        print(f"| {name} | {per[k]:.4f} | {per[k] / per['extract']:.2f}x |")
     return 0
 
 

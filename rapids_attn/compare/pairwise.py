@@ -10,11 +10,15 @@ For every example, layer and head, over the example's real query rows (padding e
 
 The two models run one after the other on the same batch, both through the blocked capture
 (:mod:`rapids_attn.extract.blocked`), each keeping every layer's scaled queries and keys and its mask
-(:class:`QueryKeys`: linear in the length; the forward itself runs the base attention, SDPA by default). Then,
+(:class:`QueryKeys`: linear in the length; the forward itself runs the base attention: SDPA, also where the
+job extracts with ``attention_base: capture``, whose own softmax saves work only for a sink that reads rows,
+:func:`forward_base`). Then,
 layer by layer and block by block of query rows, both models' weights for the same rows are computed from their
 queries and keys by one function (:meth:`LayerQK.rows`, the blocked path's general masking) and the sums over the
 block are taken (:func:`pair_sums`). Neither model's whole ``[T, T]`` map exists at any time; the cost is two
-forwards and, per block, two products of queries and keys and the pairwise sums.
+forwards and, per block, two products of queries and keys, two softmaxes and the pairwise sums, all into four
+reused block buffers (on the CPU a fresh block is fresh memory whose first writes page fault: reusing them took
+the pairwise pass from 0.78x to 0.67x of one model's extraction, docs/benchmarks.md).
 
 A model compared with itself gives cosine 1 and divergence 0 exactly: both sides of every block are the same
 operations on the same values.
@@ -28,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.special import entr
 
 from rapids_attn.errors import ModelError
 
@@ -35,8 +40,13 @@ from rapids_attn.errors import ModelError
 BLOCK_BYTES = 32 << 20
 
 
-def _xlogx(p: torch.Tensor) -> torch.Tensor:
-    return torch.xlogy(p, p)
+def forward_base(attention_base: str) -> str:
+    """The attention the compared models' forwards run over, for a job's ``extract.attention_base``: the base
+    itself, but SDPA for ``capture`` (the capture's own softmax gives a layer's output from the blocks of
+    weights it reads anyway; a comparison's forward keeps queries and keys and reads no block)."""
+    from rapids_attn.extract.blocked import OWN
+
+    return "sdpa" if attention_base == OWN else attention_base
 
 
 def check_same_tokens(name_a: str, tok_a, name_b: str, tok_b, texts: list) -> None:
@@ -71,25 +81,27 @@ class LayerQK:
     softcap: float | None
     sinks: torch.Tensor | None  # [1, h, 1, 1] float32 sink logits, or None
 
-    def rows(self, r0: int, r1: int) -> torch.Tensor:
-        """This layer's weights for query rows r0 .. r1 - 1, [b, h, rows, kv], as the blocked path computes them."""
+    def rows(self, r0: int, r1: int, scores: torch.Tensor | None = None, out: torch.Tensor | None = None):
+        """This layer's weights for query rows r0 .. r1 - 1, [b, h, rows, kv]: the softmax of the masked scores
+        (hidden keys score :data:`~rapids_attn.extract.blocked.MASKED`, so their weight is exactly 0). ``scores``
+        and ``out``, [b, h, rows, kv] float32, are where the scores and the weights go (the caller's reused
+        buffers: on the CPU a fresh block is fresh memory, its first writes page faults); fresh ones without."""
         from rapids_attn.extract.blocked import mask_rows
 
-        s = torch.matmul(self.q[:, :, r0:r1], self.k.transpose(-1, -2))
+        s = torch.matmul(self.q[:, :, r0:r1], self.k.transpose(-1, -2), out=scores)
         if self.softcap:
-            s = torch.tanh(s / self.softcap) * self.softcap
+            s.div_(self.softcap).tanh_().mul_(self.softcap)
         q_len, kv_len = self.q.shape[2], self.k.shape[2]
         hide = mask_rows(s, self.mask, r0, q_len, kv_len, self.causal, self.window)
-        top = s.amax(-1, keepdim=True)
-        if self.sinks is not None:
-            top = torch.maximum(top, self.sinks)
-        w = s.sub_(top).clamp_(min=-80.0).exp_()  # in place: one block's buffer throughout
+        if self.sinks is None:  # one fused pass; a row that sees no key (padding only) comes out uniform
+            return torch.softmax(s, -1, out=out) if out is not None else torch.softmax(s, -1)
+        # the sink logit is one more term of the denominator, as in the model's own kernel
+        top = torch.maximum(s.amax(-1, keepdim=True), self.sinks)
+        w = s.sub_(top).clamp_(min=-80.0).exp_()
         if hide is not None:
             w.masked_fill_(hide, 0.0)
-        z = w.sum(-1, keepdim=True)
-        if self.sinks is not None:
-            z = z + torch.exp(self.sinks - top)
-        return w.div_(z)
+        w = w.div_(w.sum(-1, keepdim=True).add_(torch.exp(self.sinks - top)))
+        return out.copy_(w) if out is not None else w
 
 
 @dataclass
@@ -131,6 +143,8 @@ def pair_sums(a: QueryKeys, b: QueryKeys, lengths: torch.Tensor, block_bytes: in
     shortest = int(lengths.min())  # rows past it are some example's padding (one host read per batch)
     shape = (n, max(layers) + 1, h)
     dot, norm_a, norm_b, js_sum = (torch.zeros(shape, dtype=torch.float64, device=dev) for _ in range(4))
+    f64 = torch.float64
+    buffers = None  # the scores, both models' weights and one product: four blocks, reused by every block
     for layer in layers:
         la, lb = a.layers[layer], b.layers[layer]
         if la.q.shape != lb.q.shape or la.k.shape != lb.k.shape:
@@ -139,24 +153,27 @@ def pair_sums(a: QueryKeys, b: QueryKeys, lengths: torch.Tensor, block_bytes: in
                 f"{tuple(lb.q.shape)}); map-to-map measures need the same heads and tokens"
             )
         t, kv = la.q.shape[2], la.k.shape[2]
-        rows = block_rows(n, 2 * h, kv, block_bytes)  # both models' blocks at once
+        rows = min(block_rows(n, 2 * h, kv, block_bytes), t)  # both models' blocks at once
+        if buffers is None or buffers.shape[3] < rows or buffers.shape[4] != kv:
+            buffers = torch.empty((4, n, h, rows, kv), dtype=torch.float32, device=dev)
         for r0 in range(0, t, rows):
             r1 = min(r0 + rows, t)
-            pa, pb = la.rows(r0, r1), lb.rows(r0, r1)  # [n, h, rows, kv]
-            if r1 > shortest:  # a padding row counts nothing, whatever it holds (a row that sees no key is NaN)
-                pad = torch.arange(r0, r1, device=dev)[None, :] >= lengths[:, None]  # [n, rows]
-                pa.masked_fill_(pad[:, None, :, None], 0.0)
-                pb.masked_fill_(pad[:, None, :, None], 0.0)
-            # per row in float32 (a row is at most T terms), summed over the rows in float64
-            dot[:, layer] += torch.linalg.vecdot(pa, pb).sum(-1, dtype=torch.float64)
-            norm_a[:, layer] += torch.linalg.vecdot(pa, pa).sum(-1, dtype=torch.float64)
-            norm_b[:, layer] += torch.linalg.vecdot(pb, pb).sum(-1, dtype=torch.float64)
-            # (sum p log p + sum q log q) / 2 - sum m log m = H(M) - (H(P) + H(Q)) / 2, per row
-            half = torch.xlogy(pa, pa).sum(-1).add_(torch.xlogy(pb, pb).sum(-1)).mul_(0.5)
+            s, pa, pb, tmp = (x[:, :, : r1 - r0] for x in buffers)
+            pa, pb = la.rows(r0, r1, s, pa), lb.rows(r0, r1, s, pb)  # [n, h, rows, kv]
+            if r1 > shortest:  # a padding row counts nothing, whatever it holds
+                pad = (torch.arange(r0, r1, device=dev)[None, :] >= lengths[:, None])[:, None, :, None]
+                pa.masked_fill_(pad, 0.0)
+                pb.masked_fill_(pad, 0.0)
+            # per row in float32 (a row is at most T terms), summed over the rows in float64; every product
+            # goes into the one buffer
+            dot[:, layer] += torch.mul(pa, pb, out=tmp).sum(-1).sum(-1, dtype=f64)
+            norm_a[:, layer] += torch.mul(pa, pa, out=tmp).sum(-1).sum(-1, dtype=f64)
+            norm_b[:, layer] += torch.mul(pb, pb, out=tmp).sum(-1).sum(-1, dtype=f64)
+            # entr(p) = -p log p (0 at 0): H(M) - (H(P) + H(Q)) / 2, per row
+            half = entr(pa, out=tmp).sum(-1).add_(entr(pb, out=tmp).sum(-1)).mul_(0.5)
             m = pa.add_(pb).mul_(0.5)  # pa is not needed after this
-            js = half.sub_(torch.xlogy(m, m, out=m).sum(-1))
-            js_sum[:, layer] += js.clamp_min_(0.0).sum(-1, dtype=torch.float64)
-            del pa, pb
+            js = entr(m, out=tmp).sum(-1).sub_(half)
+            js_sum[:, layer] += js.clamp_min_(0.0).sum(-1, dtype=f64)
     same = norm_a == norm_b  # identical maps: dot / sqrt(n^2) is dot / n, exactly
     denom = torch.where(same, norm_a, torch.sqrt(norm_a) * torch.sqrt(norm_b))
     cos = torch.where(denom > 0, dot / denom.clamp_min(1e-300), torch.ones_like(denom)).clamp_(-1.0, 1.0)

@@ -30,6 +30,7 @@ class MapsTask:
 
 
 def _models(task: MapsTask):
+    from rapids_attn.compare.pairwise import forward_base
     from rapids_attn.extract.capture import AttentionCapture
     from rapids_attn.extract.model import checkpoint_dtype, load_model, load_tokenizer
 
@@ -40,7 +41,7 @@ def _models(task: MapsTask):
         _LOADED.clear()  # one pair at a time
         captures = []
         for m in (task.model_a, task.model_b):
-            model = load_model(m, dev.device, dev.model_dtype, "blocked", task.attention_base)
+            model = load_model(m, dev.device, dev.model_dtype, "blocked", forward_base(task.attention_base))
             captures.append(AttentionCapture(model, model.config.num_hidden_layers))
         _LOADED[key] = (*captures, load_tokenizer(task.model_b), dev.device)
     return _LOADED[key]

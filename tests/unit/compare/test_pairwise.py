@@ -89,6 +89,74 @@ def test_the_measures_are_those_of_the_whole_maps(kind):
     assert (js[:3] > 1e-4).all()  # every head moved (the one-token example's single weight is 1 in both)
 
 
+def _capped_or_sinks(kind: str):
+    """Gemma 2 (soft-capped scores, a sliding-window layer) or gpt-oss (attention sinks that take a real share of
+    the softmax, a sliding-window layer): the branches of the weights' softmax the three models above skip."""
+    from transformers import Gemma2Config, Gemma2Model, GptOssConfig, GptOssModel
+
+    common = {
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 160,
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "full_attention"],
+    }
+    if kind == "gemma2":
+        return Gemma2Model, Gemma2Config(**common, attn_logit_softcapping=1.5)
+    return GptOssModel, GptOssConfig(**common, num_local_experts=2, num_experts_per_tok=1)
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_oss"])
+def test_soft_capped_scores_and_attention_sinks_are_those_of_the_whole_maps(kind):
+    """Both models loaded as the compare stage loads them (the job's default base, ``capture``, made the forwards'
+    base by ``forward_base`` and resolved for the model): against the whole eager maps, and exact against itself."""
+    from rapids_attn.compare.pairwise import forward_base
+    from rapids_attn.extract.model import resolve_base
+
+    cls, cfg = _capped_or_sinks(kind)
+    torch.manual_seed(0)
+    eager_a = cls._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
+    eager_b = copy.deepcopy(eager_a)
+    with torch.no_grad():
+        for layer in eager_a.layers:
+            # scores of a few units, not the initial weights' hundredths: soft-capping at 1.5 then bends them
+            layer.self_attn.q_proj.weight.mul_(30.0)
+            layer.self_attn.k_proj.weight.mul_(30.0)
+            if kind == "gpt_oss":
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+        eager_b.load_state_dict(eager_a.state_dict())
+        for p in eager_b.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    name = register(resolve_base(forward_base("capture"), cfg))
+
+    def blocked(eager):
+        m = cls._from_config(copy.deepcopy(cfg), attn_implementation=name).eval()
+        m.load_state_dict(eager.state_dict())
+        return m
+
+    a, b = blocked(eager_a), blocked(eager_b)
+    batch = _batch()
+    cos, js = _compare(a, b, batch)
+    want_cos, want_js = _reference(eager_a, eager_b, batch)
+    np.testing.assert_allclose(cos.numpy(), want_cos, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(js.numpy(), want_js, rtol=0, atol=1e-6)
+    assert (js[:3] > 1e-4).all()  # every head moved (the one-token example's single weight is 1 in both)
+    cos, js = _compare(a, copy.deepcopy(a), batch)
+    assert torch.equal(cos, torch.ones_like(cos)) and torch.equal(js, torch.zeros_like(js))
+
+
+def test_the_forwards_run_sdpa_where_the_job_extracts_with_the_captures_own_softmax():
+    from rapids_attn.compare.pairwise import forward_base
+
+    assert forward_base("capture") == "sdpa"
+    assert forward_base("eager") == "eager" and forward_base("flash_attention_2") == "flash_attention_2"
+
+
 def test_one_heads_query_changed_puts_that_head_first_and_leaves_the_rest_alone():
     """The last layer's head 2 with new query weights: it alone changes (the layers before it see the same
     inputs, and its layer's other heads the same queries and keys), and its interval excludes zero."""
