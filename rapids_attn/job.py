@@ -589,6 +589,10 @@ class CompareConfig(Section):
     level: float = Field(0.95, gt=0.5, lt=1)
     #: maps per model the shared clustering is fitted on (a seeded sample; every map is then assigned).
     fit_sample: int = Field(20000, gt=0)
+    #: also run the heads stage on each compared model (the job's heads settings and metric, over the same
+    #: examples), so each head's change is shown beside its ablation cost in both models. Needs heads.enabled and a
+    #: metric every compared model can be scored on (a base model without the fine-tune's task head cannot).
+    heads: bool = False
 
     @field_validator("models")
     @classmethod

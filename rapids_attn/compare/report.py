@@ -209,6 +209,7 @@ marks a head whose interval lies wholly above the median head's change.</p>"""
             parts.append(f"<h3>{esc(info['job_model'])} vs {esc(entry['label'])} ({esc(entry['name'])})</h3>")
             if not entry.get("maps"):
                 parts.append(f"<p><b>Statistics only:</b> {esc(entry.get('maps_refused'))}</p>")
+            theirs = entry.get("heads")  # compare.heads: the heads stage ran on the compared model too
             rows = []
             for r in entry.get("most_changed", []):
                 stats = "; ".join(
@@ -220,16 +221,26 @@ marks a head whose interval lies wholly above the median head's change.</p>"""
                     f"<td class=n>{num(r['cosine'][0])} [{num(r['cosine'][1])}, {num(r['cosine'][2])}]</td>"
                     f"<td class=n>{num(r['jsd'][0])} [{num(r['jsd'][1])}, {num(r['jsd'][2])}]</td>"
                     f"<td class=n>{num(r.get('cluster_stay'))}</td><td class=n>{num(r.get('ablation_cost'))}</td>"
-                    f"<td>{stats or 'none beyond chance'}</td></tr>"
+                    + (f"<td class=n>{num(r.get('compared_ablation_cost'))}</td>" if theirs else "")
+                    + f"<td>{stats or 'none beyond chance'}</td></tr>"
                 )
             if rows:
+                cost_heads = f"<th class=n>ablation cost, {esc(info['job_model'])}</th>" + (
+                    f"<th class=n>ablation cost, {esc(entry['label'])}</th>" if theirs else ""
+                )
+                both = (
+                    f" and in {esc(entry['label'])} ({esc(theirs.get('metric'))} over the same "
+                    f"{num(theirs.get('examples'))} examples, whole model {num(theirs.get('base'))})"
+                    if theirs
+                    else ""
+                )
                 parts.append(
                     "<p>The most-changed heads (by divergence), with the share of examples whose map stays in its "
-                    "cluster, the head's single-ablation cost in the job's model (where the heads stage ran), and its "
-                    "largest statistic changes whose interval excludes 0.</p><table><thead><tr><th>head</th>"
-                    "<th class=n>cosine [CI]</th><th class=n>divergence [CI]</th><th class=n>stays in cluster</th>"
-                    f"<th class=n>ablation cost</th><th>largest changes</th></tr></thead><tbody>{''.join(rows)}</tbody>"
-                    "</table>"
+                    "cluster, the head's single-ablation cost in the job's model (where the heads stage ran)"
+                    f"{both}, and its largest statistic changes whose interval excludes 0.</p><table><thead><tr>"
+                    "<th>head</th><th class=n>cosine [CI]</th><th class=n>divergence [CI]</th>"
+                    f"<th class=n>stays in cluster</th>{cost_heads}<th>largest changes</th></tr></thead>"
+                    f"<tbody>{''.join(rows)}</tbody></table>"
                 )
             t = entry.get("transitions") or {}
             if t.get("counts"):

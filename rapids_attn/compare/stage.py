@@ -96,7 +96,12 @@ class CompareStage(Stage):
     requires = (S.FEATURES, S.STATS, S.DETECTORS)
     provides = S.arrays_of("compare")
     runs_on_workers = True
-    worker_modules = (*MODEL_WORKER_MODULES, "rapids_attn.extract.shard", "rapids_attn.compare.work")
+    worker_modules = (
+        *MODEL_WORKER_MODULES,
+        "rapids_attn.extract.shard",
+        "rapids_attn.compare.work",
+        "rapids_attn.heads.work",  # compare.heads: the heads stage's tasks on a compared model
+    )
     summarised = True
     reads_base_model = True
 
@@ -147,6 +152,15 @@ class CompareStage(Stage):
                 "compare.models: no model to compare the job's model with; list one or more (a folder, a hub id or "
                 "a preset), or enable finetune to compare the fine-tune with the model it started from"
             )
+        if self.cfg.compare.heads:
+            from rapids_attn.heads.stage import HeadsStage
+
+            if not self.job.heads.enabled:
+                raise JobConfigError(
+                    "compare.heads: runs the heads stage on each compared model with the job's heads settings; set "
+                    "heads.enabled: true (and its metric and examples), or compare.heads: false"
+                )
+            self._heads_metric = HeadsStage.from_job(self.job).metric_name(ctx)  # the same metric for every model
         self.plans = {o.label: self._plan(ctx, o) for o in self.others}
 
     def _plan(self, ctx: RunContext, other: Compared) -> dict:
@@ -180,19 +194,38 @@ class CompareStage(Stage):
             why = str(e)
         sub = self._sub_context(ctx, other, info)
         ExtractStage.from_job(self._sub_job(ctx, other)).check(sub)
+        if self.cfg.compare.heads:
+            from rapids_attn.errors import UserError
+            from rapids_attn.heads.stage import HeadsStage
+
+            try:
+                HeadsStage.from_job(self._sub_job(ctx, other)).check(sub)
+            except UserError as e:
+                raise JobConfigError(f"compare.heads: model '{other.label}' ({other.model.name}): {e}") from None
         return {"maps": why is None, "why": why, "context": sub}
 
     def _sub_job(self, ctx: RunContext, other: Compared):
         from rapids_attn.job import CompareConfig, FinetuneConfig, OutputConfig
 
-        return self.job.model_copy(
-            update={
-                "model": other.model,
-                "finetune": FinetuneConfig(),
-                "compare": CompareConfig(),
-                "output": OutputConfig(dir=ctx.run_dir / "models" / other.label),
-            }
-        )
+        update = {
+            "model": other.model,
+            "finetune": FinetuneConfig(),
+            "compare": CompareConfig(),
+            "output": OutputConfig(dir=ctx.run_dir / "models" / other.label),
+        }
+        if self.cfg.compare.heads:  # single-head ablation with the job's metric, examples and ablation mode only
+            h = self.job.heads
+            update["heads"] = h.model_copy(
+                update={
+                    "metric": getattr(self, "_heads_metric", h.metric),
+                    "single": True,
+                    "sets": [],  # the compared model has no clustering of its own (the shared one is the compare's)
+                    "importance": False,
+                    "pruning": h.pruning.model_copy(update={"orders": []}),
+                    "probing": h.probing.model_copy(update={"enabled": False}),
+                }
+            )
+        return self.job.model_copy(update=update)
 
     def _sub_context(self, ctx: RunContext, other: Compared, info) -> RunContext:
         """The compared model's extraction: the job's examples and settings, its own model, layout and store in
@@ -234,6 +267,8 @@ class CompareStage(Stage):
             print(f"rapids_attn: compare: extracting {o.model.name} into {sub.run_dir}", file=sys.stderr, flush=True)
             r = ExtractStage.from_job(self._sub_job(ctx, o)).run(sub, client)
             extracted[o.label] = {"store": str(sub.store_path), "resumed": r.resumed, "shards_run": r.shards_run}
+            if self.cfg.compare.heads:
+                extracted[o.label]["heads"] = self._heads_of(ctx, sub, o, client)
         from rapids_attn.extract.shard import release_worker_cache
 
         client.run(release_worker_cache)  # the workers' extraction models, before each loads two more
@@ -283,6 +318,22 @@ class CompareStage(Stage):
             examples=len(every),
             extracted=extracted,
         )
+
+    def _heads_of(self, ctx: RunContext, sub: RunContext, other: Compared, client) -> dict:
+        """The heads stage's single-head ablation on a compared model, over the job's heads examples, into its own
+        store: the metric, the examples, the whole model's score and each head's cost [layer][head]."""
+        import zarr
+
+        from rapids_attn.explain.heads import stored_result
+        from rapids_attn.heads.stage import HeadsStage
+
+        print(f"rapids_attn: compare: heads stage on {other.model.name}", file=sys.stderr, flush=True)
+        HeadsStage.from_job(self._sub_job(ctx, other)).run(
+            dataclasses.replace(sub, stages=("extract", "heads")), client
+        )
+        info = stored_result(zarr.open_group(str(sub.store_path), mode="r")) or {}
+        keep = ("metric", "examples", "ablation", "headline", "base", "cost")
+        return {k: info[k] for k in keep if k in info}
 
     def _write(self, ctx: RunContext, g, stores: list, pos: np.ndarray, every: np.ndarray, maps: np.ndarray) -> dict:
         from rapids_attn.compare.intervals import head_intervals
@@ -397,6 +448,10 @@ class CompareStage(Stage):
                 else [],
                 "cluster_stay": float(stay.mean()),
             }
+            theirs = extracted[o.label].get("heads")
+            their_cost = np.asarray(theirs["cost"], np.float64) if theirs and theirs.get("cost") is not None else None
+            if theirs:
+                entry["heads"] = theirs
             if plan["maps"]:
                 jsd = map_heads[i, 1, ..., 0]
                 order = np.argsort(-jsd, axis=None, kind="stable")[:TOP]
@@ -413,6 +468,8 @@ class CompareStage(Stage):
                         li, hi = layers.index(layer), heads.index(head)
                         row["cluster_stay"] = float(stay[li, hi])
                         row["stats"] = _largest_changes(stat_heads[i, :, li, hi], names)
+                    if their_cost is not None:  # the job's model's own cost joins in the report (its heads stage)
+                        row["compared_ablation_cost"] = float(their_cost[layer, head])
                     entry["most_changed"].append(row)
             else:  # statistics only: no map measure to rank heads by (each head's changes: compare_stat_heads)
                 entry["most_changed"] = []

@@ -9,6 +9,7 @@ import pytest
 import zarr
 from helpers import FULL_REPORT, make_job, write_squad
 
+from rapids_attn.explain.heads import stored_result
 from rapids_attn.job import load_job
 from rapids_attn.pipeline import run_job
 from rapids_attn.store import schema as S
@@ -25,6 +26,14 @@ FINETUNE = {
     "learning_rate": 0.005,  # four steps that move the tiny model's maps
 }
 COMPARE = {"enabled": True, "examples": 6, "resamples": 100, "fit_sample": 200}
+HEADS = {
+    "enabled": True,
+    "examples": 4,
+    "sets": ["layer"],
+    "importance": False,
+    "pruning": {"steps": 2, "random_orders": 1},
+    "probing": {"enabled": False},
+}
 
 
 def _squad_job(tmp_path, model_dir, **sections):
@@ -55,15 +64,8 @@ def test_a_model_compared_with_itself_changes_nothing(tmp_path, tiny_bert_dir):
 def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
     from transformers import AutoModelForQuestionAnswering
 
-    heads = {  # the heads stage on the fine-tune (its metric from the task: the folder does not exist in preflight)
-        "enabled": True,
-        "examples": 4,
-        "sets": ["layer"],
-        "importance": False,
-        "pruning": {"steps": 2, "random_orders": 1},
-        "probing": {"enabled": False},
-    }
-    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE, compare=COMPARE, heads=heads, explain=FULL_REPORT)
+    # the heads stage on the fine-tune (its metric from the task: the folder does not exist in preflight)
+    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE, compare=COMPARE, heads=HEADS, explain=FULL_REPORT)
     summary = run_job(cfg)
     folder = cfg.run_dir / "models" / "finetuned"
     AutoModelForQuestionAnswering.from_pretrained(folder)  # an ordinary HF folder
@@ -151,9 +153,58 @@ def test_finetune_and_compare_refuse_what_they_cannot_do(tmp_path, tiny_bert_dir
     cfg = _squad_job(tmp_path / "c", tiny_bert_dir, compare=COMPARE)
     with pytest.raises(JobConfigError, match="compare.models: no model to compare"):
         run_job(cfg)
+    # compare.heads: the heads stage must run, and its metric must apply to the compared model (the base has no
+    # question-answering head to score SQuAD with); both refused in preflight, before anything is written
+    both = {**COMPARE, "heads": True}
+    cfg = _squad_job(tmp_path / "d", tiny_bert_dir, finetune=FINETUNE, compare=both)
+    with pytest.raises(JobConfigError, match="compare.heads: .*set heads.enabled: true"):
+        run_job(cfg)
+    cfg = _squad_job(tmp_path / "e", tiny_bert_dir, finetune=FINETUNE, compare=both, heads=HEADS)
+    with pytest.raises(JobConfigError, match="compare.heads: model 'base' .*heads.metric: squad"):
+        run_job(cfg)
+    assert not (tmp_path / "e" / "runs").exists() and not cfg.run_dir.exists()
 
 
-def test_a_copy_with_one_heads_query_changed_ranks_that_head_first(tmp_path, tiny_bert_dir):
+def test_compare_heads_puts_both_models_ablation_costs_beside_each_change(tmp_path, tiny_bert_dir):
+    """compare.heads: the heads stage's single-head ablation runs on the compared model too, over the same examples
+    with the same metric; its costs are those a job analysing that model alone finds, and the report shows both."""
+    import shutil
+
+    import torch
+    from transformers import BertModel
+
+    copy = tmp_path / "other"  # another checkpoint: every weight moved
+    shutil.copytree(tiny_bert_dir, copy)
+    model = BertModel.from_pretrained(copy)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * p.std().nan_to_num(0.02) * torch.randn(p.shape, generator=g))
+    model.save_pretrained(copy)
+    # an encoder's task both models can be scored on, over all 24 questions (a head's removal moves some ranks)
+    heads = {**HEADS, "metric": "retrieval", "examples": None}
+    compare = {**COMPARE, "models": [str(copy)], "heads": True}
+    cfg = _squad_job(tmp_path / "run", tiny_bert_dir, compare=compare, heads=heads, explain=FULL_REPORT)
+    summary = run_job(cfg)
+    entry = summary["compare"]["compared"][0]
+    theirs = entry["heads"]
+    assert theirs["metric"] == "retrieval" and theirs["examples"] == 24
+    solo = _squad_job(tmp_path / "alone", copy, heads=heads)
+    run_job(solo, ("extract", "heads"))
+    alone = stored_result(zarr.open_group(str(solo.run_dir / "store.zarr"), mode="r"))
+    np.testing.assert_array_equal(np.asarray(theirs["cost"]), np.asarray(alone["cost"]))
+    assert theirs["base"] == alone["base"]
+    mine = np.asarray(stored_result(zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r"))["cost"])
+    assert not np.array_equal(mine, np.asarray(theirs["cost"]))  # the changed head changes what ablation costs
+    for row in entry["most_changed"]:
+        assert row["compared_ablation_cost"] == theirs["cost"][row["layer"]][row["head"]]
+        assert row["ablation_cost"] == mine[row["layer"], row["head"]]
+    html = (cfg.run_dir / "report" / "index.html").read_text()
+    assert f"ablation cost, {entry['label']}" in html and "ablation cost, " + summary["compare"]["job_model"] in html
+
+
+def _one_head_changed(tmp_path, tiny_bert_dir):
+    """A copy of the tiny BERT whose last layer's head 1 has new query weights."""
     import shutil
 
     import torch
@@ -163,10 +214,15 @@ def test_a_copy_with_one_heads_query_changed_ranks_that_head_first(tmp_path, tin
     shutil.copytree(tiny_bert_dir, copy)
     model = BertModel.from_pretrained(copy)
     d = model.config.hidden_size // model.config.num_attention_heads
-    with torch.no_grad():  # the last layer's head 1 gets new query weights
+    with torch.no_grad():
         q = model.encoder.layer[1].attention.self.query
         q.weight[d:] = torch.randn(d, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
     model.save_pretrained(copy)
+    return copy
+
+
+def test_a_copy_with_one_heads_query_changed_ranks_that_head_first(tmp_path, tiny_bert_dir):
+    copy = _one_head_changed(tmp_path, tiny_bert_dir)
     cfg = _squad_job(tmp_path / "run", tiny_bert_dir, compare={**COMPARE, "models": [str(copy)]})
     summary = run_job(cfg)
     top = summary["compare"]["compared"][0]["most_changed"]
