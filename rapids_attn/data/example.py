@@ -27,3 +27,21 @@ class Example:
     label: str = ""
     answers: tuple[str, ...] = ()
     answer_starts: tuple[int, ...] = ()
+
+    def answer_span(self) -> tuple[int, int] | None:
+        """Where the gold answer lies in ``text_pair``: (start, end) in characters, or None (no answer, no second
+        segment, or no answer in it). The file's ``answer_start`` where it gives one and the first answer's text is
+        there (SQuAD: an answer word can occur earlier in the context than the marked one); else the first
+        occurrence of the first answer found in it."""
+        if not self.answers or not self.text_pair:
+            return None
+        first = self.answers[0]
+        if self.answer_starts and first:
+            start = int(self.answer_starts[0])
+            if self.text_pair[start : start + len(first)] == first:
+                return start, start + len(first)
+        for answer in self.answers:
+            start = self.text_pair.find(answer) if answer else -1
+            if start >= 0:
+                return start, start + len(answer)
+        return None

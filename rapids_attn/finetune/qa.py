@@ -39,15 +39,10 @@ class QAWindowing:
 
 
 def answer_start(ex: Example) -> int | None:
-    """Where the first answer starts in the context (characters), or None for an unanswerable question.
-    SQuAD files give it (``answer_start``, kept by the reader); otherwise the answer's first occurrence."""
-    if not ex.answers or not ex.text_pair:
-        return None
-    starts = ex.answer_starts
-    if starts and 0 <= starts[0] < len(ex.text_pair):
-        return int(starts[0])
-    at = ex.text_pair.find(ex.answers[0])
-    return at if at >= 0 else None
+    """Where the first answer starts in the context (characters), or None for an unanswerable question
+    (:meth:`Example.answer_span`: the file's ``answer_start`` where it marks the answer, else its first occurrence)."""
+    span = ex.answer_span()
+    return None if span is None else span[0]
 
 
 def _windows(tokenizer, examples: Sequence[Example], w: QAWindowing):

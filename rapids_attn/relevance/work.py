@@ -80,16 +80,14 @@ class RelevanceResult:
 
 
 def answer_tokens(example: Example, enc, b: int) -> np.ndarray:
-    """[T] bool: the tokens of the second segment covering the first gold answer's first occurrence in it
-    (SQuAD keeps answer texts, not offsets, in :class:`Example`); all False without an answer."""
+    """[T] bool: the tokens of the second segment covering the first gold answer where the file marks it
+    (:meth:`Example.answer_span`); all False without an answer."""
     t = len(enc["input_ids"][b])
     out = np.zeros(t, bool)
-    if not example.answers or example.text_pair is None or not example.answers[0]:
+    span = example.answer_span()
+    if span is None:
         return out
-    start = example.text_pair.find(example.answers[0])
-    if start < 0:
-        return out
-    end = start + len(example.answers[0])
+    start, end = span
     seq = enc.sequence_ids(b)
     for i, (a, z) in enumerate(enc["offset_mapping"][b]):
         if seq[i] == 1 and z > start and a < end:
