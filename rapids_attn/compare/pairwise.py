@@ -35,6 +35,7 @@ import torch
 from torch.special import entr
 
 from rapids_attn.errors import ModelError
+from rapids_attn.extract.kernels import SinkNeeds
 
 #: the most one block of weights (a batch's heads x rows x keys, float32) may take, per model
 BLOCK_BYTES = 32 << 20
@@ -107,21 +108,22 @@ class LayerQK:
 @dataclass
 class QueryKeys:
     """A sink for the blocked attention function that takes each layer's queries and keys instead of its rows
-    (``takes_qk``): the first model's half of a comparison."""
+    (``needs.qk``): the first model's half of a comparison. The blocked attention function hands over what it
+    computed before its blocks (:meth:`add_qk`), never importing this module."""
 
     layers: dict[int, LayerQK] = field(default_factory=dict)
     head_list = None
     block_bytes = BLOCK_BYTES
-    takes_rows = False
-    takes_qk = True
+    needs = SinkNeeds(rows=False, qk=True)
 
     def wants(self, layer: int) -> bool:
         return True
 
-    def add_qk(self, layer: int, qk: LayerQK) -> None:
-        self.layers[layer] = qk
+    def add_qk(self, layer: int, **qk) -> None:
+        """``q``, ``k``, ``mask``, ``causal``, ``window``, ``softcap``, ``sinks``: :class:`LayerQK`'s fields."""
+        self.layers[layer] = LayerQK(**qk)
 
-    def add_rows(self, *args, **kwargs) -> None:  # takes_rows is False: never called with rows
+    def add_rows(self, *args, **kwargs) -> None:  # needs.rows is False: never called with rows
         pass
 
     def end_layer(self, layer: int) -> None:

@@ -15,7 +15,8 @@ So a batch holds at most ``batch x heads x rows x T`` weights at once, ``rows`` 
 ``extract.attention_block_mb``. Grouped-query attention is handled by mapping each query head to its key
 head; a model's attention sinks (``s_aux``) join the softmax's denominator as they do in its own kernel.
 
-The capture sets ``module._rapids_capture = (sink, layer)`` on each attention module for one forward; a
+The capture sets ``module._rapids_capture = (sink, layer, kernel, log)`` on each attention module for one forward
+(the kernel: :mod:`rapids_attn.extract.kernels`); a
 module without it (a forward outside a capture) only computes the output.
 """
 
@@ -25,6 +26,7 @@ import math
 
 import torch
 
+from rapids_attn.extract.kernels import LayerAttention, SinkNeeds, needs_of, run_layer
 from rapids_attn.extract.maps import SoftmaxRows
 
 PREFIX = "rapids_blocked_"
@@ -100,12 +102,11 @@ def register(base: str = "sdpa") -> str:
         needs_own = kwargs.get("s_aux") is not None or bool(kwargs.get("softcap"))
         mine = own or (fallback == "sdpa" and needs_own)
         out = None
-        if capture is not None:
-            sink, layer = capture
+        if capture is not None:  # (sink, layer, kernel, log): rapids_attn.extract.capture.AttentionCapture
+            sink, layer, kernel, log = capture
             if sink.wants(layer):
-                out = blocked_weights(
-                    module, query, key, attention_mask, scaling, sink, layer, kwargs, value if mine else None
-                )
+                la = LayerAttention(module, query, key, value, attention_mask, scaling, kwargs)
+                out = run_layer(kernel, la, sink, layer, mine, log)
             sink.end_layer(layer)
         if out is None and mine and needs_own:  # not captured (or some heads): output alone
             out = blocked_weights(module, query, key, attention_mask, scaling, _OUTPUT_ONLY, 0, kwargs, value)
@@ -127,8 +128,7 @@ class _OutputOnly:
 
     head_list = None
     block_bytes = 64 << 20
-    takes_numerators = False
-    takes_rows = False  # blocked_weights skips the normalising that only a sink's rows need
+    needs = SinkNeeds(rows=False)  # blocked_weights skips the normalising that only a sink's rows need
 
     def add_rows(self, *args, **kwargs) -> None:
         pass
@@ -240,13 +240,12 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
     if causal and plain:  # the blocks read about half the keys on average: twice the rows in the same bytes
         rows = min(2 * rows, q_len)
     sk = sinks.float().index_select(0, idx).reshape(1, -1, 1, 1) if sinks is not None else None
-    if getattr(sink, "takes_qk", False):  # rapids_attn.compare: the layer's queries and keys, not its rows
-        from rapids_attn.compare.pairwise import LayerQK
-
-        sink.add_qk(layer, LayerQK(q, k, mask, causal, window, softcap, sk))
+    needs = needs_of(sink)
+    if needs.qk:  # rapids_attn.compare: the layer's queries and keys, not its rows
+        sink.add_qk(layer, q=q, k=k, mask=mask, causal=causal, window=window, softcap=softcap, sinks=sk)
         if value is None:  # the base computes the output
             return None
-    numerators = bool(getattr(sink, "takes_numerators", False))  # LayerReducer: see SoftmaxRows
+    numerators = needs.numerators  # LayerReducer: see SoftmaxRows
     own = (
         value is not None
         and every
@@ -286,7 +285,7 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
             pv = torch.matmul(w, v_one[:, :, : w.shape[-1]])
             z_out = pv[..., -1:] if sk is None else pv[..., -1:] + torch.exp(sk - top)
             out[:, :, r0:r1] = pv[..., :-1] / z_out.clamp_min(1e-30)
-        if not getattr(sink, "takes_rows", True):  # the output alone (_OutputOnly)
+        if not needs.rows:  # the output alone (_OutputOnly)
             del s, w
             continue
         if plain and sk is None and numerators:  # the reducer divides by the row sums it takes from its product

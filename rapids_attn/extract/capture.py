@@ -17,6 +17,7 @@ import torch
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.blocked import PREFIX as BLOCKED_PREFIX
 from rapids_attn.extract.blocked import ScratchPool
+from rapids_attn.extract.kernels import KernelLog, SinkNeeds, TorchKernel
 
 Sink = Callable[[int, torch.Tensor], None]  # (layer index, weights [batch, head, q, k])
 
@@ -108,9 +109,13 @@ def check_probe_map(model, layer: int, w: torch.Tensor, n: int, model_name: str 
 class AttentionCapture:
     """Run ``forward(**batch)`` and send every layer's attention weights to ``sink`` as they appear."""
 
-    def __init__(self, model, n_layers: int, use_hooks: bool = True):
+    def __init__(self, model, n_layers: int, use_hooks: bool = True, kernel=None):
         self.model = model
         self.n_layers = n_layers
+        #: the blocked capture's kernel (rapids_attn.extract.kernels; the PyTorch one by default), and which kernel
+        #: served each layer of every forward so far, with why the PyTorch one ran where another was asked for
+        self.kernel = kernel if kernel is not None else TorchKernel()
+        self.kernel_log = KernelLog()
         found = attention_modules(model) if use_hooks else None
         if found is not None and len(found[0]) != n_layers:
             found = None  # e.g. cross-attention modules share the class: do not guess, fall back
@@ -184,7 +189,7 @@ class AttentionCapture:
         counting = _Counting()
         counting.scratch = ScratchPool()  # the blocks' buffer, kept through this forward's layers
         for i, m in enumerate(self.modules):
-            m._rapids_capture = (counting, i)
+            m._rapids_capture = (counting, i, self.kernel, self.kernel_log)
         try:
             output = self.model(**batch)
         finally:
@@ -204,6 +209,7 @@ class _Assembled:
     small inputs only, such as the causality probe)."""
 
     block_bytes = 1 << 26
+    needs = SinkNeeds(rows=True)
 
     def __init__(self, sink: Sink):
         self.sink = sink

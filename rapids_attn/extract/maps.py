@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rapids_attn.extract.kernels import SinkNeeds
 from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, RECENT_WINDOW, SINK_TOKENS, STAT_NAMES
 
 
@@ -326,12 +327,15 @@ class LayerReducer:
         self._dist: dict[tuple[int, int, int], torch.Tensor] = {}
         self._dist_bytes = 0
         self._n_host = np.asarray(self.lengths, dtype=np.int64)
-        self._batch = _BatchWeights.build(self._n_host, masks, image_size, causal, device)
+        self.batch = BatchWeights.build(self._n_host, masks, image_size, causal, device)
         host_ids = masks.host_ids if masks.host_ids is not None else masks.ids.cpu()
         self.patterns = _Patterns(np.asarray(host_ids), self._n_host, device)
+        self._kernel_inputs = None  # kernel_inputs(), built on first use
+        self._row_counts: torch.Tensor | None = None
 
-    #: add_rows takes a block of softmax numerators with SoftmaxRows (the blocked capture's fast path)
-    takes_numerators = True
+    #: add_rows takes blocks of weights, or of softmax numerators with SoftmaxRows (the blocked capture's fast
+    #: path); add_sums takes a fused kernel's sums over rows (rapids_attn.extract.kernels)
+    needs = SinkNeeds(rows=True, numerators=True, sums=True)
 
     def wants(self, layer: int) -> bool:
         return layer in self.layer_pos
@@ -347,6 +351,78 @@ class LayerReducer:
             return
         self.add_rows(layer, self.select_heads(weights), 0, selected=True)
         self.end_layer(layer)
+
+    def kernel_inputs(self):
+        """What a fused kernel reduces this batch's maps against (:class:`rapids_attn.extract.fused.KernelInputs`),
+        built once per batch from :class:`BatchWeights` with a fixed number of operations: the key columns (first,
+        sep, punct, a real token, j), each example's ``R^T`` padded to a power of two, and the rows' weights (a real
+        row, 1 / log(keys seen), beyond the streaming set, the three repeat targets)."""
+        if self._kernel_inputs is None:
+            from rapids_attn.extract.fused import KEY_FEATURES, ROW_WEIGHTS, KernelInputs, _pow2
+
+            bw = self.batch
+            t = bw.row_ok.shape[1]
+            s = self.image_size
+            right = bw.right_rt
+            features = torch.nn.functional.pad(right[..., :5], (0, KEY_FEATURES - 5))
+            rt = torch.nn.functional.pad(right[..., 5:], (0, _pow2(s) - s))
+            n = bw.n_long[:, None]
+            i = torch.arange(t, device=right.device)[None, :]
+            w = RECENT_WINDOW
+            beyond = i >= SINK_TOKENS + w
+            if not self.causal:
+                beyond = beyond | (i + w <= n - 1)
+            beyond = beyond & bw.row_ok
+            flags = self.patterns.row_flags  # [b, T, 3]
+            rows = torch.cat(
+                [bw.row_ok.float()[..., None], bw.inv_log_seen[..., None], beyond.float()[..., None], flags], dim=-1
+            )
+            rows = torch.nn.functional.pad(rows, (0, ROW_WEIGHTS - rows.shape[-1]))
+            self._row_counts = torch.cat([flags.sum(1), beyond.sum(-1, keepdim=True).float()], dim=-1).long()
+            self._kernel_inputs = KernelInputs(features.contiguous(), rt.contiguous(), rows.contiguous(), s)
+        return self._kernel_inputs
+
+    def add_sums(self, layer: int, sums, pair_weights) -> None:
+        """Add a fused kernel's sums over every query row of one layer (:class:`rapids_attn.extract.fused.LayerSums`
+        of the reducer's heads), then the repeat detectors' hits: the weights of the batch's listed duplicate-token,
+        induction and far-induction positions, ``pair_weights(example, row, key) -> [P, head]`` (the kernel's
+        log-sum-exp gathers), added to their example's sums by one ``index_add_``. The layer is finished by
+        :meth:`end_layer` as after :meth:`add_rows`."""
+        from rapids_attn.extract.blocked import block_rows
+        from rapids_attn.extract.fused import SUMS
+
+        pos = self.layer_pos.get(layer)
+        if pos is None:
+            return
+        self.kernel_inputs()
+        x = sums.sums
+        b, h = x.shape[0], x.shape[1]
+        acc = self._sums.get(layer)
+        if acc is None:
+            acc = self._sums[layer] = _RowSums(b, h, self.image_size, x.device)
+        diag0 = SUMS[f"diag{PROFILE_OFFSETS[0]:+d}"]
+        pm0 = SUMS["pattern_mass0"]
+        acc.keys += x[..., : SUMS["mass"] + 1]
+        acc.entropy += x[..., SUMS["entropy"]]
+        acc.entropy_norm += x[..., SUMS["entropy_norm"]]
+        acc.row_max += x[..., SUMS["row_max"]]
+        acc.distance += x[..., SUMS["distance"]]
+        acc.stream += x[..., SUMS["stream"]]
+        acc.diagonal += x[..., diag0 : diag0 + len(PROFILE_OFFSETS)]
+        acc.pattern_mass += x[..., pm0 : pm0 + 3]
+        acc.image += sums.image
+        acc.rows += self._row_counts
+        t = self.batch.width
+        # every row at once where the batch's positions are on the device; else (a long repetitive input) a
+        # blocked path's block of rows at a time, listed on the host as they come
+        step = t if self.patterns.kept else block_rows(b, h, t, self.block_bytes)
+        for r0 in range(0, t, step):
+            entries = self.patterns.block(r0, min(step, t - r0), slice(None))
+            if entries is None:
+                continue
+            eb, ei, ek, slot = entries
+            got = pair_weights(eb, ei + r0, ek)  # [P, head]
+            acc.hits.reshape(b * 3, -1).index_add_(0, slot, got)
 
     def _distance_rows(self, n: int, r0: int, m: int, device, band: bool = False) -> torch.Tensor:
         """[m, n]: |i - j| for rows r0 .. r0 + m - 1 against keys 0 .. n - 1 (bidirectional maps; causal ones use a
@@ -411,11 +487,11 @@ class LayerReducer:
         m = min(w.shape[2], int(n_host.max()) - r0)  # rows past every example's length are nobody's
         if m <= 0:
             return
-        kw = min(w.shape[3], self._batch.width)
+        kw = min(w.shape[3], self.batch.width)
         acc = self._sums.get(layer)
         if acc is None:
             acc = self._sums[layer] = _RowSums(len(self.lengths), w.shape[1], self.image_size, w.device)
-        bw = self._batch
+        bw = self.batch
         dev = w.device
         row_ok = bw.row_ok[bs, r0 : r0 + m]  # [b, m] bool: rows an example has
         s = self.image_size
@@ -526,7 +602,7 @@ class LayerReducer:
             left = rt[:, r0 : r0 + m].transpose(1, 2)[:, None]  # [b, 1, S, m]
             idx = None
         else:
-            first = torch.div(r0 * s, self._batch.n_long[bs], rounding_mode="floor")  # [b]
+            first = torch.div(r0 * s, self.batch.n_long[bs], rounding_mode="floor")  # [b]
             idx = first[:, None] + torch.arange(nb, device=c.device)[None, :]  # [b, nb]
             inside = idx < s
             idx = idx.clamp(max=s - 1)
@@ -553,7 +629,7 @@ class LayerReducer:
         n_max = int(self._n_host[bs].max())
         if spans is None and r0 + m - 1 < SINK_TOKENS + w and (self.causal or n_max - 1 - w < r0):
             return  # no row of this block can see beyond the sink and the recent window: known on the host
-        n = self._batch.n_long[bs, None]  # [b, 1]
+        n = self.batch.n_long[bs, None]  # [b, 1]
         i = rows[None, :]  # [1, m]
         if spans is not None:  # a content key past the window's sink tokens with |i - j| >= w, among those seen
             sp = spans[:m].to(c.device)
@@ -652,10 +728,10 @@ class LayerReducer:
         offsets = PROFILE_OFFSETS
         zero = offsets.index(0)
         dev = acc.image.device
-        lengths = self._batch.n.to(dev)
+        lengths = self.batch.n.to(dev)
         n = lengths[:, None]  # [batch, 1]: broadcast over heads
         nan = torch.tensor(float("nan"), device=dev)
-        first_valid = self._batch.first_valid.to(dev)[:, None]  # SignatureWeights.first_valid
+        first_valid = self.batch.first_valid.to(dev)[:, None]  # SignatureWeights.first_valid
         diag = acc.diagonal  # [batch, head, offsets]
         keys = acc.keys
 
@@ -711,7 +787,7 @@ def _rows_times(c: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class _BatchWeights:
+class BatchWeights:
     """What a batch's maps are reduced against, the same for every layer and head, built once per batch on the
     device with a fixed number of operations: each example's length, the key columns and positions ``right``
     [batch, T, 5] (first, sep, punct, mass, j; 0 past the length) beside the area resize's R.T [batch, T, S] in
@@ -732,7 +808,7 @@ class _BatchWeights:
         return self.right_rt[..., :5]
 
     @classmethod
-    def build(cls, lengths: np.ndarray, masks: TokenMasks, size: int, causal: bool, device) -> _BatchWeights:
+    def build(cls, lengths: np.ndarray, masks: TokenMasks, size: int, causal: bool, device) -> BatchWeights:
         t = masks.sep.shape[1]
         n_long = torch.as_tensor(lengths, dtype=torch.long).to(device)
         n = n_long.float()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rapids_attn.extract.kernels import SinkNeeds
 from rapids_attn.extract.signature import SINK_TOKENS
 
 
@@ -134,7 +135,7 @@ class WindowSink:
     windows: each window's owned rows, placed at their positions in the whole input."""
 
     #: the blocked capture hands this sink normalised weights (with each row's entropy and maximum)
-    takes_numerators = False
+    needs = SinkNeeds(rows=True)
 
     def __init__(self, reducer, plan: WindowPlan, causal: bool):
         self.reducer = reducer
