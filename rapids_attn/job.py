@@ -237,6 +237,17 @@ class ExtractConfig(Section):
     attention_base: str = Field("capture", pattern=r"^[A-Za-z0-9_]+$")
     #: MiB of float32 scores and weights one block of query rows may hold (batch x heads x rows x T x 3).
     attention_block_mb: int = Field(64, gt=0)
+    #: the blocked capture's kernel (rapids_attn/extract/kernels.py). ``torch``: the blocked PyTorch path. ``triton``:
+    #: the fused kernel, one launch per layer for the output and every map's sums (on a CUDA GPU; on the CPU only
+    #: under ``TRITON_INTERPRET=1``, Triton's interpreter, for checking). ``auto``: triton on a GPU with Triton
+    #: installed, else torch. A layer the kernel cannot serve (a long input's windows) runs the torch path, and
+    #: summary.json says which kernel served each layer and why. Not part of the store key: the kernels agree
+    #: within 1e-5 (``kernel_precision: ieee``; tests/unit/extract/test_fused.py).
+    kernel: Literal["auto", "torch", "triton"] = "auto"
+    #: the fused kernel's input precision for the product of the weights with the key features and the image's
+    #: R^T: ``tf32`` (the default: tensor cores, relative error under 2^-10), ``bf16`` (2^-7) or ``ieee`` (float32).
+    #: Accumulation is float32 in each; the scores and the output are in the model's dtype, as its flash attention's.
+    kernel_precision: Literal["ieee", "tf32", "bf16"] = "tf32"
 
     @field_validator("shard_size", mode="before")
     @classmethod
@@ -746,7 +757,7 @@ class JobConfig(Section):
         keep["extract"] = {
             k: v
             for k, v in keep["extract"].items()
-            if k not in ("device", "token_budget", "attention_budget", "max_batch_size")
+            if k not in ("device", "token_budget", "attention_budget", "max_batch_size", "kernel", "kernel_precision")
         }
         # nor does which implementation gives the blocked capture's model output, nor the size of its blocks of rows
         # (the same maps within 1e-5, tests/unit/extract/test_blocked.py): the key holds the values every store was

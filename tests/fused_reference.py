@@ -71,16 +71,17 @@ def dense(
     hide, add = hidden(mask, causal, window, past, b, h, m, n)
     s = s + add
     s = s.masked_fill(hide, -math.inf)
+    # the keys' own maximum: the kernel's running maximum after one tile of keys, so the weights before their
+    # normalisation, exp(s - top), are what its product rounds (precision other than ieee: one tile of keys only)
     top = s.amax(-1, keepdim=True)
-    if sinks is not None:
-        top = torch.maximum(top, sinks.double()[None, :, None, None])
     top = torch.where(torch.isfinite(top), top, 0.0)
     e = torch.exp(s - top)
     z = e.sum(-1, keepdim=True)
     if sinks is not None:
         z = z + torch.exp(sinks.double()[None, :, None, None] - top)
     seen = (~hide).any(-1, keepdim=True)
-    p = torch.where(seen, e / torch.where(seen, z, 1.0), 0.0)  # [b, h, m, n]
+    zz = torch.where(seen, z, 1.0)
+    p = torch.where(seen, e / zz, 0.0)  # [b, h, m, n]
     lse = torch.where(seen[..., 0], (top + torch.log(torch.where(seen, z, 1.0)))[..., 0], math.inf)
     out = None
     if v is not None:
@@ -89,7 +90,8 @@ def dense(
     rt = inputs.rt[:, :n].double()
     rw = inputs.row_weights[:, :m].double()
     ok, ils, beyond = rw[..., 0][:, None], rw[..., 1][:, None], rw[..., 2][:, None]  # [b, 1, m]
-    pf = torch.einsum("bhij,bjc->bhic", rounded(p, precision).double(), rounded(feats, precision).double())
+    en = torch.where(seen, e, 0.0)
+    pf = torch.einsum("bhij,bjc->bhic", rounded(en, precision).double(), rounded(feats, precision).double()) / zz
     sums = torch.zeros(b, h, N_SUMS, dtype=torch.float64)
     for c, name in enumerate(("first", "sep", "punct", "mass")):
         sums[..., SUMS[name]] = (ok * pf[..., c]).sum(-1)
@@ -112,7 +114,8 @@ def dense(
         sums[..., SUMS[f"pattern_mass{t}"]] = (rw[..., 3 + t][:, None] * mass).sum(-1)
     size = inputs.size
     rows = (rt[:, :m, :size] * rw[..., :1])[:, None]  # [b, 1, m, S]
-    img = rows.transpose(-1, -2) @ torch.einsum(
-        "bhij,bjs->bhis", rounded(p, precision).double(), rounded(rt[..., :size], precision).double()
+    img = rows.transpose(-1, -2) @ (
+        torch.einsum("bhij,bjs->bhis", rounded(en, precision).double(), rounded(rt[..., :size], precision).double())
+        / zz
     )
     return sums, img, lse, out, p

@@ -16,6 +16,7 @@ def _hidden(
     h,
     i,
     j,
+    q_len,
     n_keys,
     past,
     window,
@@ -32,9 +33,10 @@ def _hidden(
     hide = (j >= n_keys) | (j < 0)
     add = tl.zeros(hide.shape, dtype=tl.float32)
     if MASK_KIND == 3 or MASK_KIND == 4:  # 4-D, boolean (3) or additive (4): the mask alone decides
-        ok = (j >= 0) & (j < n_keys)
+        ok = (j >= 0) & (j < n_keys) & (i < q_len)  # a tile's rows past the queries read nothing
         jj = tl.where(ok, j, 0)
-        m = tl.load(Mask + b * sm_b + h * sm_h + i * sm_m + jj * sm_n, mask=ok, other=0)
+        ii = tl.where(ok, i, 0)
+        m = tl.load(Mask + b * sm_b + h * sm_h + ii * sm_m + jj * sm_n, mask=ok, other=0)
         if MASK_KIND == 3:
             hide = hide | (m == 0)
         else:
@@ -75,13 +77,22 @@ def _tf32(x):
 
 
 @triton.jit
+def _bf16(x):
+    """x rounded to bfloat16 and back (8-bit mantissa, to nearest even), as ``x.to(tl.bfloat16)`` on a GPU: the
+    interpreter's own conversion truncates."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _features_dot(p, f, PREC: tl.constexpr, EMULATE: tl.constexpr):
     """p @ f in the chosen input precision, accumulated in float32. Triton's interpreter computes every dot in
     float32 (and reads bfloat16 operands as their bits): with EMULATE the inputs are rounded here as the
     tensor cores would round them, so the interpreter gives what a GPU would, up to the sums' order."""
     if PREC == 2:
         if EMULATE:
-            r = tl.dot(p.to(tl.bfloat16).to(tl.float32), f.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
+            r = tl.dot(_bf16(p), _bf16(f), input_precision="ieee")
         else:
             r = tl.dot(p.to(tl.bfloat16), f.to(tl.bfloat16))
     elif PREC == 1:
@@ -214,6 +225,7 @@ def capture_fwd(
             h,
             offs_m[:, None],
             offs_n[None, :],
+            q_len,
             n_keys,
             past,
             window,
@@ -318,7 +330,7 @@ def capture_fwd(
         )
         qk_d = tl.sum(q.to(tl.float32) * kd.to(tl.float32), 1) * scale
         hide_d, add_d = _hidden(
-            Mask, b, h, offs_m, j, n_keys, past, window, sm_b, sm_h, sm_m, sm_n, mask_min, MASK_KIND, CAUSAL
+            Mask, b, h, offs_m, j, q_len, n_keys, past, window, sm_b, sm_h, sm_m, sm_n, mask_min, MASK_KIND, CAUSAL
         )
         s_d = _scores(qk_d, add_d, hide_d, softcap, SOFTCAP)
         p_d = tl.where(hide_d | ~seen_any, 0.0, tl.exp(s_d - lse))

@@ -24,6 +24,7 @@ from rapids_attn.data.index import Rows
 from rapids_attn.devices import ExtractDevices, empty_device_cache
 from rapids_attn.extract.batching import BatchCost, length_batches, tokenize
 from rapids_attn.extract.capture import AttentionCapture, check_probe_map, not_finite
+from rapids_attn.extract.kernels import KernelLog, make_kernel, resolve_kernel
 from rapids_attn.extract.maps import LayerReducer, TokenMasks, punctuation_ids, separator_ids
 from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, STAT_NAMES, first_not_finite
 from rapids_attn.job import EmbedConfig, ExtractConfig, ModelConfig
@@ -92,6 +93,10 @@ class ShardResult:
     seconds: dict[str, float] = field(default_factory=dict)
     causal: bool | None = None  # the model's attention, as the worker's probe found it
     dtype: str = ""  # the dtype the worker ran the model in (model.dtype, auto resolved there)
+    #: which capture kernel served each layer (kernel -> layers), and the forwards where the torch kernel ran in
+    #: another's place, by reason (rapids_attn.extract.kernels.KernelLog)
+    kernels: dict[str, list[int]] = field(default_factory=dict)
+    kernel_fallbacks: dict[str, int] = field(default_factory=dict)
 
 
 def check_tokens(examples: list[Example], lengths: list[int]) -> None:
@@ -130,12 +135,16 @@ class Extractor:
         self.model = load_model(task.model, self.device, dev.model_dtype, ecfg.attention, ecfg.attention_base)
         n_layers = self.model.config.num_hidden_layers
         self.capture = AttentionCapture(self.model, n_layers)
+        #: the blocked capture's kernel (extract.kernel: auto resolved for this worker's device)
+        self.kernel = resolve_kernel(ecfg.kernel, self.device) if self.capture.mode == "blocked" else "torch"
+        self.capture.kernel = make_kernel(self.kernel, ecfg.kernel_precision)
         self.embedder = build_embedder(task.embed, task.extract.image_size, self.device, dev.embed_precision)
         self.sep_ids = separator_ids(self.tokenizer)
         self.punct_ids = punctuation_ids(self.tokenizer)
         # hooks are registered per forward: two threads sharing this extractor must take turns
         self.lock = threading.Lock()
         self.causal = self._probe_causal()
+        self.capture.kernel_log = KernelLog()  # the probe's forward reads whole maps: not the shards' record
         #: how the shard's inputs are grouped into batches: least padded work (extract/batching.py)
         self.batch_cost = BatchCost.for_model(int(getattr(self.model.config, "hidden_size", 768) or 768), self.device)
 
@@ -224,6 +233,7 @@ class Extractor:
     def process(self, task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
         examples = task.rows.read()
+        self.capture.kernel_log = KernelLog()  # this shard's record
         start, stop = self.layout.shard_rows(task.shard)
         if len(examples) != stop - start:
             raise ValueError(f"shard {task.shard}: read {len(examples)} examples, expected {stop - start}")
@@ -314,6 +324,8 @@ class Extractor:
             seconds=seconds,
             causal=self.causal,
             dtype=self.model_dtype,
+            kernels=self.capture.kernel_log.by_kernel(),
+            kernel_fallbacks=dict(self.capture.kernel_log.fallbacks),
         )
 
     def _check_finite(self, stats: np.ndarray, idx: list[int], examples: list[Example]) -> None:

@@ -8,6 +8,7 @@ done-marker. When every shard is done, the stage sets ``extract_complete``.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from rapids_attn.errors import JobConfigError
@@ -35,6 +36,15 @@ class ExtractResult(StageResult):
             "maps_run": self.maps_run,
             "maps_per_example": self.maps_per_example,
         }
+
+
+def _merge_kernels(results) -> dict[str, list[int]]:
+    """The shards' kernel -> layers records as one: each kernel with every layer it served in any shard."""
+    out: dict[str, set[int]] = {}
+    for r in results:
+        for name, layers in r.kernels.items():
+            out.setdefault(name, set()).update(layers)
+    return {name: sorted(layers) for name, layers in sorted(out.items())}
 
 
 #: ``extract.shard_size: auto``: the most examples per shard, the shards it aims for below that, and the step
@@ -200,6 +210,9 @@ class ExtractStage(Stage):
             # the dtype the model ran in (model.dtype: auto resolved on each worker from the checkpoint and its GPU)
             "model_dtypes": sorted({r.dtype for r in results if r.dtype}),
             "workers": sorted({r.worker for r in results}),
+            # the capture's kernel for each layer (extract.kernel), and where the torch kernel ran in its place, why
+            "kernels": _merge_kernels(results),
+            "kernel_fallbacks": dict(sum((Counter(r.kernel_fallbacks) for r in results), Counter())),
             "worker_seconds": {
                 k: round(sum(r.seconds.get(k, 0.0) for r in results), 3)
                 for k in ("load", "tokenize", "forward", "embed", "write")

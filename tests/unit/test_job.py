@@ -228,12 +228,24 @@ def test_the_capture_base_default_keeps_the_keys_of_stores_made_before_it_change
     keep["extract"] = {
         k: v
         for k, v in keep["extract"].items()
-        if k not in ("device", "token_budget", "attention_budget", "max_batch_size")
+        # and extract.kernel and kernel_precision, which came after (issue 45): the old key function never saw them
+        if k not in ("device", "token_budget", "attention_budget", "max_batch_size", "kernel", "kernel_precision")
     }
     keep["extract"].update(attention_base="sdpa")  # the old default, as the old key function saw it
     keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
     old = hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
     assert cfg.extraction_key() == old
+
+
+def test_the_capture_kernel_and_its_precision_leave_the_store_key_alone(tmp_path):
+    """The kernels agree within tolerance (tests/unit/extract/test_fused.py): a store extracted with one is
+    resumed, and reused, by a job that names another."""
+    base = load_job(minimal(tmp_path))
+    assert (base.extract.kernel, base.extract.kernel_precision) == ("auto", "tf32")
+    for change in (["extract.kernel=triton"], ["extract.kernel=torch", "extract.kernel_precision=bf16"]):
+        assert load_job(minimal(tmp_path), change).extraction_key() == base.extraction_key()
+    with pytest.raises(JobConfigError, match=r"extract\.kernel"):
+        load_job(minimal(tmp_path), ["extract.kernel=cuda"])
 
 
 def test_data_format_parquet_is_a_choice_and_leaves_other_keys_alone(tmp_path):

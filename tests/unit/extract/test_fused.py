@@ -1,0 +1,256 @@
+"""The fused capture kernel (rapids_attn/extract/fused.py), run on the CPU by Triton's interpreter
+(``TRITON_INTERPRET=1``, set here where no CUDA device is visible), against
+
+- a dense float64 PyTorch reference (tests/fused_reference.py) for each mask the blocked path supports: a 2-D key
+  padding mask, a 4-D boolean and a 4-D additive mask, causal, causal with a sliding window, grouped-query heads, a
+  subset of heads, attention sinks and soft-capping; in one tile of rows and keys and in several (large tiles keep
+  the interpreter fast: its cost grows with programs x loop steps);
+- its own precisions (tf32, bf16), each against a reference that rounds its inputs the same way;
+- the PyTorch kernel, through the capture, on tiny BERT, GPT-2, Llama, Mistral, Gemma 2 and gpt-oss built here:
+  every array the reducer keeps, and the model's output, within 1e-5.
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before the kernel's module is first imported: Triton reads it then
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from fused_reference import dense
+from test_blocked import MODELS, _batch, _gpt_oss
+
+from rapids_attn.errors import ModelError
+from rapids_attn.extract import fused
+from rapids_attn.extract.blocked import register
+from rapids_attn.extract.capture import AttentionCapture
+from rapids_attn.extract.fused import PRECISION_RTOL, SUM_NAMES, KernelInputs, MaskSpec, fused_layer
+from rapids_attn.extract.kernels import KernelLog, TorchKernel, TritonKernel, resolve_kernel
+from rapids_attn.extract.maps import LayerReducer, TokenMasks
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+B, H, HK, M, D, S = 2, 4, 2, 40, 16, 8
+LENGTHS = torch.tensor([40, 27])
+
+
+def _inputs(seed: int = 0) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, n, M, D, generator=g) for n in (H, HK, HK))
+    ok = (torch.arange(M)[None] < LENGTHS[:, None]).float()
+    feat = torch.zeros(B, M, 16)
+    feat[:, 0, 0] = 1.0
+    feat[:, :, 1] = (torch.rand(B, M, generator=g) < 0.2).float() * ok
+    feat[:, :, 2] = (torch.rand(B, M, generator=g) < 0.2).float() * ok
+    feat[:, :, 3] = ok
+    feat[:, :, 4] = torch.arange(M) * ok
+    rt = torch.rand(B, M, 16, generator=g) * ok[..., None]
+    rt[..., S:] = 0.0
+    rw = torch.zeros(B, M, 8)
+    rw[..., 0] = ok
+    rw[..., 1] = ok * torch.rand(B, M, generator=g)
+    rw[..., 2] = ok * (torch.rand(B, M, generator=g) < 0.5)
+    rw[..., 3:6] = (torch.rand(B, M, 3, generator=g) < 0.3).float() * ok[..., None]
+    return q, k, v, ok, KernelInputs(feat, rt, rw, S)
+
+
+def _case(name: str, ok: torch.Tensor):
+    """(mask, causal, window, softcap, sinks, kv_heads) of a named case."""
+    g = torch.Generator().manual_seed(1)
+    pad = ok.bool()
+    gqa = torch.tensor([0, 0, 1, 1])
+    if name == "padding-2d":
+        return pad, False, 0, None, None, gqa
+    if name == "bool-4d":  # a prefix-LM-like mask: rows see the real keys up to themselves and the first five
+        j, i = torch.arange(M)[None, :], torch.arange(M)[:, None]
+        m = ((j <= i) | (j < 5))[None, None] & pad[:, None, None, :]
+        return m, True, 0, None, None, gqa
+    if name == "additive-4d":  # an eager-style float mask: 0 seen, the dtype's least value hidden, a bias between
+        bias = torch.randn(B, 1, M, M, generator=g)
+        m = torch.where(pad[:, None, None, :], bias, torch.finfo(torch.float32).min)
+        return m, False, 0, None, None, gqa
+    if name == "causal":
+        return None, True, 0, None, None, gqa
+    if name == "causal-window-padding":
+        return pad, True, 7, None, None, gqa
+    if name == "softcap-sinks":
+        return pad, False, 0, 2.0, torch.randn(H, generator=g) * 2.0, gqa
+    if name == "head-subset":  # the capture's heads 3 and 0 of a model: key heads 1 and 0
+        return pad, True, 0, None, None, torch.tensor([1, 0])
+    raise ValueError(name)
+
+
+CASES = ("padding-2d", "bool-4d", "additive-4d", "causal", "causal-window-padding", "softcap-sinks", "head-subset")
+
+
+def _check(name: str, tile: int, precision: str = "ieee", ref_precision: str | None = None, tol: float = 2e-6):
+    q, k, v, ok, inputs = _inputs()
+    mask, causal, window, softcap, sinks, kv_heads = _case(name, ok)
+    if name == "head-subset":
+        q = q[:, [3, 0]]
+    dev = lambda t: None if t is None else t.to(DEV)
+    dev_inputs = KernelInputs(*(dev(t) for t in (inputs.features, inputs.rt, inputs.row_weights)), inputs.size)
+    got, out = fused_layer(
+        dev(q),
+        dev(k),
+        dev(v),
+        dev(kv_heads),
+        MaskSpec(dev(mask), causal, window, 0),
+        0.3,
+        dev_inputs,
+        softcap=softcap,
+        sinks=dev(sinks),
+        precision=precision,
+        block_m=tile,
+        block_n=tile,
+    )
+    sums, img, lse, want_out, _ = dense(
+        q, k, v, kv_heads, mask, causal, window, 0, 0.3, inputs, softcap, sinks, ref_precision or precision
+    )
+    for c, col in enumerate(SUM_NAMES):
+        torch.testing.assert_close(
+            got.sums[..., c].cpu().double(), sums[..., c], rtol=tol, atol=tol, msg=lambda m, col=col: f"{col}: {m}"
+        )
+    torch.testing.assert_close(got.image.cpu().double(), img, rtol=tol, atol=tol)
+    seen = torch.isfinite(lse)
+    torch.testing.assert_close(got.lse.cpu().double()[seen], lse[seen], rtol=1e-6, atol=1e-6)
+    assert bool((got.lse.cpu()[~seen] > 1e30).all())  # a row that sees no key: its weights are all 0
+    torch.testing.assert_close(out.cpu().double(), want_out, rtol=1e-5, atol=1e-5)
+    return got, sums
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_kernel_equals_a_dense_reference_in_one_tile(name):
+    _check(name, 64)
+
+
+@pytest.mark.parametrize("name", ["padding-2d", "causal-window-padding", "softcap-sinks", "bool-4d"])
+def test_the_kernel_equals_a_dense_reference_over_several_tiles_of_rows_and_keys(name):
+    """Tiles of 16: the online softmax rescales its sums as the row maximum moves across three key tiles, the
+    causal and windowed rows skip the tiles they cannot see, and three tiles of rows add up their partial sums."""
+    _check(name, 16)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_each_precision_equals_a_reference_that_rounds_the_same_way_and_stays_within_its_bound(precision):
+    """The P @ [F | R^T] product's inputs rounded to TF32 or bfloat16 (on the CPU the kernel rounds them itself, as
+    the tensor cores would): the same as a reference that rounds them alike, up to the sums' order; and within the
+    precision's bound of the float32 reference (the statistics that go through that product)."""
+    # the kernel's weights are float32 exps, the reference's float64 ones rounded: now and then the two round one
+    # weight to neighbouring TF32 or bfloat16 values, an error of one ulp on that weight alone (tol), where the
+    # precision itself moves the sums by up to its bound (below)
+    got, _ = _check("padding-2d", 64, precision, tol=2e-5)
+    exact = dense(*_dense_args("padding-2d"), precision="ieee")[0]
+    bound = PRECISION_RTOL[precision]
+    linear = [SUM_NAMES.index(c) for c in ("first", "sep", "punct", "mass")]
+    err = (got.sums.cpu().double()[..., linear] - exact[..., linear]).abs()
+    assert bool((err <= bound * exact[..., linear].abs() + 1e-6).all())
+    assert float(err.max()) > 1e-7  # the rounding is real: the precision changed the product
+
+
+def _dense_args(name: str):
+    q, k, v, ok, inputs = _inputs()
+    mask, causal, window, softcap, sinks, kv_heads = _case(name, ok)
+    return q, k, v, kv_heads, mask, causal, window, 0, 0.3, inputs, softcap, sinks
+
+
+def test_an_unknown_precision_is_refused():
+    q, k, v, _, inputs = _inputs()
+    with pytest.raises(ValueError, match="precision"):
+        fused_layer(q, k, v, torch.tensor([0, 0, 1, 1]), MaskSpec(None, False, 0, 0), 0.3, inputs, precision="fp8")
+
+
+def _capture(kind_or_model, lengths, heads=(0, 1, 2, 3), layers=(0, 1)):
+    """The reducer's arrays and the output of one batch through the torch kernel and through the triton one."""
+    if isinstance(kind_or_model, str):
+        cls, cfg = MODELS[kind_or_model]()
+        torch.manual_seed(0)
+        model = cls._from_config(copy.deepcopy(cfg), attn_implementation=register("capture")).eval()
+        causal = kind_or_model not in ("bert", "roberta", "distilbert", "modernbert")
+    else:
+        model, causal = kind_or_model, True
+    batch = _batch(lengths)
+    got = {}
+    for kernel in (TorchKernel(), TritonKernel(precision="ieee")):
+        masks = TokenMasks.from_ids(batch["input_ids"], torch.tensor([5]), torch.tensor([7]))
+        red = LayerReducer(lengths, masks, list(layers), list(heads), 8, 4, causal, "cpu")
+        cap = AttentionCapture(model, 2, kernel=kernel)
+        out = cap.run(batch, red).last_hidden_state
+        got[kernel.name] = (red, out, cap.kernel_log)
+    return got, batch
+
+
+def _same(got, lengths):
+    (ref, ref_out, _), (red, out, log) = got["torch"], got["triton"]
+    for name in ("images", "thumbs", "stats", "profile", "detectors"):
+        torch.testing.assert_close(getattr(red, name), getattr(ref, name), rtol=1e-5, atol=1e-5, equal_nan=True)
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out[b, :n], ref_out[b, :n], rtol=1e-5, atol=1e-5)
+    return log
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "mistral"])
+def test_the_triton_kernel_gives_every_array_of_the_torch_kernel_through_the_capture(kind):
+    """Padding (an encoder's 4-D boolean mask; a decoder's causal one), grouped-query heads (Llama) and a sliding
+    window (Mistral): the same images, thumbnails, statistics, profiles and detectors within 1e-5, the same model
+    output, and the log says the triton kernel served every layer with no fallback."""
+    lengths = [37, 20, 9, 1]
+    got, _ = _capture(kind, lengths)
+    log = _same(got, lengths)
+    assert log.by_kernel() == {"triton": [0, 1]} and not log.fallbacks
+
+
+def test_attention_sinks_and_a_subset_of_heads_through_the_capture():
+    """gpt-oss (attention sinks, a sliding-window layer, grouped-query heads), heads 2 and 0 of layer 1 only: the
+    kernel reads the subset's key heads and sinks; the layer's output then comes from the base."""
+    cls, cfg = _gpt_oss()
+    torch.manual_seed(0)
+    model = cls._from_config(copy.deepcopy(cfg), attn_implementation=register("capture")).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    lengths = [23, 17, 9]
+    got, _ = _capture(model, lengths, heads=(2, 0), layers=(1,))
+    log = _same(got, lengths)
+    assert log.by_kernel() == {"triton": [1]}
+
+
+def test_a_sink_that_reads_rows_falls_back_to_the_torch_kernel_and_says_why():
+    """The probe's whole-map assembler (as a long input's windows) takes blocks of rows, which the fused kernel never
+    makes: the torch kernel serves it, and the log names the reason."""
+    cls, cfg = MODELS["bert"]()
+    model = cls._from_config(copy.deepcopy(cfg), attn_implementation=register("capture")).eval()
+    cap = AttentionCapture(model, 2, kernel=TritonKernel())
+    seen = []
+    cap.run(_batch([6]), lambda layer, w: seen.append(layer))
+    assert seen == [0, 1]
+    assert cap.kernel_log.by_kernel() == {"torch": [0, 1]}
+    (reason,) = cap.kernel_log.fallbacks
+    assert reason.startswith("triton: the sink reads blocks of rows") and cap.kernel_log.fallbacks[reason] == 2
+
+
+def test_kernel_logs_merge_by_layer_and_reason():
+    a, b = KernelLog(), KernelLog()
+    a.record(0, "triton")
+    b.record(0, "torch", "triton: why")
+    b.record(1, "triton")
+    a.merge(b)
+    assert a.by_kernel() == {"torch": [0], "triton": [0, 1]} and a.fallbacks == {"triton: why": 1}
+
+
+def test_the_kernel_choice_resolves_per_device_and_refuses_what_cannot_run(monkeypatch):
+    assert resolve_kernel("auto", "cpu") == "torch"
+    assert resolve_kernel("torch", "cuda") == "torch"
+    assert resolve_kernel("auto", "cuda") == "triton"  # Triton is installed here
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_kernel("triton", "cpu") == "triton"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ModelError, match=r"^extract\.kernel: triton runs on a CUDA GPU; on the CPU set TRITON_INTERP"):
+        resolve_kernel("triton", "cpu")
+    monkeypatch.setattr(fused, "available", lambda: "Triton is not installed")
+    assert resolve_kernel("auto", "cuda") == "torch"
+    with pytest.raises(ModelError, match=r"^extract\.kernel: triton cannot run here: Triton is not installed"):
+        resolve_kernel("triton", "cuda")
