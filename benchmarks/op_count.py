@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -67,6 +68,35 @@ class OpCounter(TorchDispatchMode):
         self.scoped_not_views = 0  # the reduction's own share of not_views
         self.scoped_by_op: Counter[str] = Counter()
         self._depth = 0
+        self._paused = 0  # inside a kernel launch: Triton's interpreter's own tensor work is not the capture's
+        self.launches = 0
+
+    def launch_begin(self, name: str) -> None:
+        """A Triton launch (rapids_attn.extract.fused.OBSERVERS) is one operation, as on a GPU; on the CPU the
+        interpreter's copies of the tensors in and out of numpy are not counted."""
+        self.launches += 1
+        self.total += 1
+        self.not_views += 1
+        self.by_op[f"triton:{name}"] += 1
+        if self._depth:
+            self.scoped_not_views += 1
+            self.scoped_by_op[f"triton:{name}"] += 1
+        self._paused += 1
+
+    def launch_end(self) -> None:
+        self._paused -= 1
+
+    def __enter__(self):
+        from rapids_attn.extract.fused import OBSERVERS
+
+        OBSERVERS.items.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        from rapids_attn.extract.fused import OBSERVERS
+
+        OBSERVERS.items.remove(self)
+        return super().__exit__(*exc)
 
     @contextlib.contextmanager
     def scope(self):
@@ -78,6 +108,8 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         name = func.overloadpacket.__name__
         self.total += 1
         if not func.is_view:
@@ -105,21 +137,25 @@ def reducer_scope(counter: OpCounter):
     ``counter.scope()`` while this is active."""
     from rapids_attn.extract.maps import LayerReducer
 
-    add, end = LayerReducer.add_rows, LayerReducer.end_layer
+    add, end, sums = LayerReducer.add_rows, LayerReducer.end_layer, LayerReducer.add_sums
 
     def add_rows(self, *a, **k):
         with counter.scope():
             return add(self, *a, **k)
 
+    def add_sums(self, *a, **k):
+        with counter.scope():
+            return sums(self, *a, **k)
+
     def end_layer(self, *a, **k):
         with counter.scope():
             return end(self, *a, **k)
 
-    LayerReducer.add_rows, LayerReducer.end_layer = add_rows, end_layer
+    LayerReducer.add_rows, LayerReducer.end_layer, LayerReducer.add_sums = add_rows, end_layer, add_sums
     try:
         yield
     finally:
-        LayerReducer.add_rows, LayerReducer.end_layer = add, end
+        LayerReducer.add_rows, LayerReducer.end_layer, LayerReducer.add_sums = add, end, sums
 
 
 def minilm_shaped(layers: int = 6, heads: int = 12, hidden: int = 384, seed: int = 0):
@@ -245,13 +281,27 @@ def main(argv=None) -> None:
         default=None,
         help="extract.attention_block_mb for the blocked capture (default: the job's default, 64)",
     )
+    p.add_argument(
+        "--kernel",
+        choices=("torch", "triton", "both"),
+        default="torch",
+        help="the blocked capture's kernel (extract.kernel); triton runs in Triton's interpreter where no GPU is "
+        "visible (slow: minutes a batch for MiniLM at 512 tokens), each launch counted as one op",
+    )
+    p.add_argument("--no-eager", action="store_true", help="leave out the eager capture's count")
     p.add_argument("--top", type=int, default=0, help="also print the N most frequent ops of each capture count")
     args = p.parse_args(argv)
+    if args.kernel != "torch" and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is first imported
     torch.set_num_threads(1)
     shape = {"minilm": (6, 12, 384), "bert-base": (12, 12, 768)}[args.model]
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_model(minilm_shaped(*shape), Path(tmp) / "model")
-        blocked, eager = extractor(folder, "blocked", args.block_mb), extractor(folder, "eager")
+        kernels = ("torch", "triton") if args.kernel == "both" else (args.kernel,)
+        captures = [(f"blocked ({k})", extractor(folder, "blocked", args.block_mb, kernel=k)) for k in kernels]
+        if not args.no_eager:
+            captures.append(("eager", extractor(folder, "eager")))
+        blocked = captures[0][1]
         bare = {a: AutoModel.from_pretrained(folder, attn_implementation=a).eval() for a in ("eager", "sdpa")}
         pairs = squad_pairs(max(args.batches), args.data)
         what = "question + context, truncated to the tokens" if args.text == "pairs" else "questions alone"
@@ -273,7 +323,7 @@ def main(argv=None) -> None:
                     ids = [blocked.tokenizer(q)["input_ids"] for q, _ in pairs[:b]]
                     batch = {"input_ids": ids, "token_type_ids": [[0] * len(x) for x in ids]}
                 be, bs = (count_bare(bare[a], blocked.tokenizer, batch) for a in ("eager", "sdpa"))
-                for name, ex in (("blocked", blocked), ("eager", eager)):
+                for name, ex in captures:
                     c = count_capture(ex, batch)
                     print(
                         f"| {tokens} | {b} | {name} | {c.total:,} | {c.not_views:,} | {c.scoped_not_views:,} "

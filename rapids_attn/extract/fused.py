@@ -11,8 +11,8 @@ capture's statistics need, each rescaled with the output when the maximum moves:
   resize's ``R^T`` (the image's rows), ``P @ [F | R^T]``, in the precision the caller chose
   (:data:`PRECISIONS`), accumulated in float32.
 
-After the keys, each tile of query rows reads the nine profile diagonals ``p(i, i + o)`` from its own queries and
-nine rows of keys with the final log-sum-exp (no second pass over the keys), and reduces every per-row quantity
+After the keys, each tile of query rows reads the nine profile diagonals ``p(i, i + o)`` from one more product of
+its queries with the keys around them, over the final log-sum-exp (no second pass over the keys), and reduces every per-row quantity
 over its rows with the rows' weights (a real row, ``1 / log(keys seen)``, the rows that see beyond the streaming
 set, the rows that have a repeat target): the kernel writes per tile of rows a few dozen sums and one S x S block
 of the image, not a row each (at 32k tokens a per-row write-out would be about 0.7 GB a layer). The per-row
@@ -292,6 +292,7 @@ def fused_layer(
             N_SINK=SINK_TOKENS,
             N_OFF=len(PROFILE_OFFSETS),
             OFF0=PROFILE_OFFSETS[0],
+            BLOCK_W=_pow2(block_m + len(PROFILE_OFFSETS) - 1),
         )
     size = inputs.size
     result = LayerSums(sums=sums.sum(2), image=img.sum(2)[..., :size, :size], lse=lse)

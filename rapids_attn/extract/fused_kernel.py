@@ -168,6 +168,7 @@ def capture_fwd(
     N_SINK: tl.constexpr,
     N_OFF: tl.constexpr,
     OFF0: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -318,23 +319,41 @@ def capture_fwd(
     for t in tl.static_range(3):
         w_t = tl.load(rw_base + 3 + t, mask=row_in, other=0.0)
         tl.store(base + 9 + N_OFF + t, tl.sum(w_t * mass, 0))
-    # the profile's diagonals p(i, i + o): the row's key i + o scored again, over the final log-sum-exp
+    # the profile's diagonals p(i, i + o): the tile's rows scored again against the keys around them (one product,
+    # [rows, BLOCK_W] with BLOCK_W >= rows + N_OFF - 1, in the main loop's precision), over the final log-sum-exp
+    offs_w = start_m + past + OFF0 + tl.arange(0, BLOCK_W)
+    in_w = (offs_w >= 0) & (offs_w < n_keys)
+    kw = tl.load(
+        k_base + tl.where(in_w, offs_w, 0)[None, :] * sk_n + offs_d[:, None],
+        mask=in_w[None, :] & (offs_d[:, None] < head_dim),
+        other=0.0,
+    )
+    if EMULATE:
+        kw = kw.to(tl.float32)
+    qk_w = tl.dot(q, kw, input_precision=QK_PREC) * scale
+    hide_w, add_w = _hidden(
+        Mask,
+        b,
+        h,
+        offs_m[:, None],
+        offs_w[None, :],
+        q_len,
+        n_keys,
+        past,
+        window,
+        sm_b,
+        sm_h,
+        sm_m,
+        sm_n,
+        mask_min,
+        MASK_KIND,
+        CAUSAL,
+    )
+    s_w = _scores(qk_w, add_w, hide_w, softcap, SOFTCAP)
+    p_w = tl.where(hide_w | ~seen_any[:, None], 0.0, tl.exp(s_w - lse[:, None]))
+    rel = offs_w[None, :] - (offs_m[:, None] + past + OFF0)  # the offset's index, 0 .. N_OFF - 1, on the band
     for o in tl.static_range(N_OFF):
-        j = offs_m + past + (OFF0 + o)
-        key_ok = (j >= 0) & (j < n_keys)
-        jj = tl.where(key_ok, j, 0)
-        kd = tl.load(
-            k_base + jj[:, None] * sk_n + offs_d[None, :],
-            mask=key_ok[:, None] & row_in[:, None] & (offs_d[None, :] < head_dim),
-            other=0.0,
-        )
-        qk_d = tl.sum(q.to(tl.float32) * kd.to(tl.float32), 1) * scale
-        hide_d, add_d = _hidden(
-            Mask, b, h, offs_m, j, q_len, n_keys, past, window, sm_b, sm_h, sm_m, sm_n, mask_min, MASK_KIND, CAUSAL
-        )
-        s_d = _scores(qk_d, add_d, hide_d, softcap, SOFTCAP)
-        p_d = tl.where(hide_d | ~seen_any, 0.0, tl.exp(s_d - lse))
-        tl.store(base + 9 + o, tl.sum(w_ok * p_d, 0))
+        tl.store(base + 9 + o, tl.sum(w_ok * tl.sum(tl.where(rel == o, p_w, 0.0), 1), 0))
     # the image's rows: R[:, rows] @ (P R^T), the rows weighted by w_ok (0 past an example's length)
     rt_rows = tl.load(
         RT + b * n_keys * BLOCK_S + offs_m[:, None] * BLOCK_S + offs_s[None, :],

@@ -356,7 +356,12 @@ def _load(task: ShardTask) -> Extractor:
 
 
 def get_extractor(task: ShardTask) -> Extractor:
-    return _EXTRACTORS.get(task.key, lambda: _load(task))
+    """This worker's extractor for ``task``'s job: by the store key and the capture's settings outside it (the
+    kernel, its precision, the base, the block size: the same maps, another extractor), so that a second job in
+    the same process that changes only those does not run the first one's capture."""
+    e = task.extract
+    key = f"{task.key}|{e.kernel}|{e.kernel_precision}|{e.attention_base}|{e.attention_block_mb}"
+    return _EXTRACTORS.get(key, lambda: _load(task))
 
 
 def process_shard(task: ShardTask) -> ShardResult:

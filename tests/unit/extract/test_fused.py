@@ -254,3 +254,34 @@ def test_the_kernel_choice_resolves_per_device_and_refuses_what_cannot_run(monke
     assert resolve_kernel("auto", "cuda") == "torch"
     with pytest.raises(ModelError, match=r"^extract\.kernel: triton cannot run here: Triton is not installed"):
         resolve_kernel("triton", "cuda")
+
+
+def test_a_whole_job_on_the_triton_kernel_stores_what_the_torch_kernel_stores_and_says_so(
+    tmp_path, tiny_bert_dir, pair_data
+):
+    """extract.kernel: triton through the pipeline (in Triton's interpreter here): the store's arrays equal the torch
+    kernel's run of the same job within 1e-5 (the same store key: the kernel is not part of it), and summary.json's
+    extract run names the kernel of each layer, with no fallback."""
+    import numpy as np
+    import zarr
+    from helpers import make_job
+
+    from rapids_attn.job import load_job
+    from rapids_attn.pipeline import run_job
+
+    runs = {}
+    for kernel in ("torch", "triton"):
+        raw = make_job(tmp_path / kernel, tiny_bert_dir, pair_data, extract={"kernel": kernel})
+        cfg = load_job(None, raw=raw)
+        run_job(cfg, ("extract",))
+        runs[kernel] = cfg
+    a, b = (zarr.open_group(str(runs[k].run_dir / "store.zarr"), mode="r") for k in ("torch", "triton"))
+    assert a.attrs["extraction_key"] == b.attrs["extraction_key"]
+    for name in ("stats", "detectors"):  # float32
+        np.testing.assert_allclose(b[name][:], a[name][:], rtol=1e-5, atol=1e-5, err_msg=name)
+    for name in ("features", "profile"):  # float16: the last bit may round the other way
+        np.testing.assert_allclose(b[name][:], a[name][:], rtol=2e-3, atol=1e-3, err_msg=name)
+    assert np.abs(b["thumbnails"][:].astype(int) - a["thumbnails"][:].astype(int)).max() <= 1  # uint8, rounded
+    record = b.attrs["extract_runs"][-1]
+    assert record["kernels"] == {"triton": [0, 1]} and record["kernel_fallbacks"] == {}
+    assert a.attrs["extract_runs"][-1]["kernels"] == {"torch": [0, 1]}

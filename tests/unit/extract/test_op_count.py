@@ -71,3 +71,30 @@ def test_the_counter_sees_host_syncs_and_views():
         torch.nonzero(x)
     assert c.syncs == 3 and c.scoped_syncs == 2
     assert c.by_op["view"] == 1 and c.total - c.not_views >= 1
+
+
+def test_the_fused_kernel_costs_a_launch_per_layer_whatever_the_batch(tmp_path, questions, monkeypatch):
+    """The triton kernel (issue 45), counted with each launch as one op (its body runs in Triton's interpreter here,
+    uncounted: on a GPU it is one kernel): one launch per layer, a batch of 32 within 1.5x the ops of a batch of 8,
+    within 20x the bare eager forward, and no host sync in the reduction. A 2-layer, 2-head model of MiniLM's
+    vocabulary keeps the interpreter's programs (batch x heads per layer) few; the counts do not depend on it."""
+    from transformers import AutoModel
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    torch.set_num_threads(1)
+    folder = save_model(minilm_shaped(layers=2, heads=2, hidden=64), tmp_path / "model")
+    ex = extractor(folder, "blocked", kernel="triton")
+    bare = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    counts = {}
+    for b in (8, 32):
+        batch = _batch(ex, questions[:b])
+        counts[b] = count_capture(ex, batch), count_bare(bare, ex.tokenizer, batch)
+    (c8, _), (c32, bare32) = counts[8], counts[32]
+    for c in (c8, c32):
+        assert c.launches == 2 and c.by_op["triton:capture_fwd"] == 2  # one per layer
+        assert c.scoped_syncs == 0, c.scoped_sync_ops
+    assert ex.capture.kernel_log.by_kernel() == {"triton": [0, 1]}
+    assert c32.not_views <= 1.5 * c8.not_views, (c32.not_views, c8.not_views)
+    assert c32.not_views <= 20 * bare32.not_views, (c32.not_views, bare32.not_views)
