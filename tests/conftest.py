@@ -23,14 +23,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI does: no OpenMP spin-waiting on shared cores
 
 
-def pytest_collection_modifyitems(config, items):
+def _cuda_visible() -> bool:
     try:
         import torch
 
-        has_cuda = torch.cuda.is_available()
+        return torch.cuda.is_available()
     except Exception:  # noqa: BLE001 - no usable CUDA is no GPU
-        has_cuda = False
-    if has_cuda:
+        return False
+
+
+# The fused capture kernel's tests (tests/unit/extract/test_fused.py and the rest) run it in Triton's interpreter
+# where no GPU is visible. Triton reads this when the kernel is first imported, so it is set before any test runs;
+# nothing else here uses Triton, and extract.kernel: auto stays torch on the CPU whatever it says.
+if not _cuda_visible():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_visible():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; none is visible")
     for item in items:

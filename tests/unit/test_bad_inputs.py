@@ -489,3 +489,29 @@ def test_more_local_cuda_workers_than_gpus_is_refused_in_preflight(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-a,MIG-b")
     job["runtime"]["n_workers"] = 2
     assert main([str(_job_file(tmp_path, job)), "--check"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("sets", "names"),
+    [
+        (["extract.kernel=triton", "extract.device=cpu"], "extract.kernel: triton runs on a CUDA GPU; on the CPU set"),
+        (["extract.kernel=triton", "extract.attention=eager"], "extract.kernel: triton runs under the blocked capture"),
+    ],
+    ids=["triton-on-cpu", "triton-with-eager"],
+)
+def test_a_kernel_that_cannot_run_is_one_line_exit_2(
+    tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data, sets, names
+):
+    """The fused kernel on a CPU outside Triton's interpreter, or under the eager capture (which has no kernel):
+    refused in preflight, naming the field and the fix, before anything is written."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    argv = [str(_job_file(tmp_path, job)), "--check"]
+    for word in sets:
+        argv += ["--set", word]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert names in err, err
+    assert not (tmp_path / "run").exists()

@@ -73,18 +73,16 @@ def test_the_counter_sees_host_syncs_and_views():
     assert c.by_op["view"] == 1 and c.total - c.not_views >= 1
 
 
-def test_the_fused_kernel_costs_a_launch_per_layer_whatever_the_batch(tmp_path, questions, monkeypatch):
+def test_the_fused_kernel_costs_a_launch_per_layer_whatever_the_batch(tmp_path, questions):
     """The triton kernel (issue 45), counted with each launch as one op (its body runs in Triton's interpreter here,
     uncounted: on a GPU it is one kernel): one launch per layer, a batch of 32 within 1.5x the ops of a batch of 8,
-    within 20x the bare eager forward, and no host sync in the reduction. A 2-layer, 2-head model of MiniLM's
+    within 20x the bare eager forward, and no host sync in the reduction. A 2-layer, 1-head model of MiniLM's
     vocabulary keeps the interpreter's programs (batch x heads per layer) few; the counts do not depend on it."""
     from transformers import AutoModel
 
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     torch.set_num_threads(1)
-    folder = save_model(minilm_shaped(layers=2, heads=2, hidden=64), tmp_path / "model")
+    folder = save_model(minilm_shaped(layers=2, heads=1, hidden=32), tmp_path / "model")
     ex = extractor(folder, "blocked", kernel="triton")
     bare = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     counts = {}
@@ -98,3 +96,7 @@ def test_the_fused_kernel_costs_a_launch_per_layer_whatever_the_batch(tmp_path, 
     assert ex.capture.kernel_log.by_kernel() == {"triton": [0, 1]}
     assert c32.not_views <= 1.5 * c8.not_views, (c32.not_views, c8.not_views)
     assert c32.not_views <= 20 * bare32.not_views, (c32.not_views, bare32.not_views)
+    # the benchmark counts MiniLM's batches without running the launches' bodies (minutes in the interpreter): the
+    # same operations, op by op, since nothing around the kernel depends on its values
+    skipped = count_capture(ex, _batch(ex, questions[:32]), skip_kernel_bodies=True)
+    assert skipped.by_op == c32.by_op and skipped.not_views == c32.not_views
