@@ -245,9 +245,10 @@ class ExtractConfig(Section):
     #: within 1e-5 (``kernel_precision: ieee``; tests/unit/extract/test_fused.py).
     kernel: Literal["auto", "torch", "triton"] = "auto"
     #: the fused kernel's input precision for the product of the weights with the key features and the image's
-    #: R^T: ``tf32`` (the default: tensor cores, relative error under 2^-10), ``bf16`` (2^-7) or ``ieee`` (float32).
+    #: R^T: ``tf32`` (tensor cores, relative error under 2^-10), ``bf16`` (2^-7) or ``ieee`` (float32); ``auto``:
+    #: ieee for a model that runs in float32, tf32 for one in float16 or bfloat16 (whose scores are no finer).
     #: Accumulation is float32 in each; the scores and the output are in the model's dtype, as its flash attention's.
-    kernel_precision: Literal["ieee", "tf32", "bf16"] = "tf32"
+    kernel_precision: Literal["auto", "ieee", "tf32", "bf16"] = "auto"
 
     @field_validator("shard_size", mode="before")
     @classmethod

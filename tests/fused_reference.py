@@ -27,17 +27,18 @@ def rounded(x: torch.Tensor, precision: str) -> torch.Tensor:
 
 def hidden(mask, causal: bool, window: int, past: int, b: int, h: int, m: int, n: int) -> tuple:
     """[b, h, m, n] booleans (True: hidden) and the additive mask's values, as the blocked path reads a mask."""
-    add = torch.zeros(b, h, m, n, dtype=torch.float64)
+    dev = mask.device if mask is not None else "cpu"
+    add = torch.zeros(b, h, m, n, dtype=torch.float64, device=dev)
     if mask is not None and mask.dim() == 4:
         mk = mask[:, :, :m, :n].expand(b, h, m, n)
         if mk.dtype == torch.bool:
             return ~mk, add
         hide = mk <= torch.finfo(mk.dtype).min
         return hide, torch.where(hide, 0.0, mk.double())
-    hide = torch.zeros(b, h, m, n, dtype=torch.bool)
+    hide = torch.zeros(b, h, m, n, dtype=torch.bool, device=dev)
     if causal:
-        i = torch.arange(m)[:, None] + past
-        j = torch.arange(n)[None, :]
+        i = torch.arange(m, device=dev)[:, None] + past
+        j = torch.arange(n, device=dev)[None, :]
         hide = hide | (j > i)
         if window:
             hide = hide | (j <= i - window)
@@ -64,11 +65,12 @@ def dense(
     """(sums [b, h, N_SUMS], image [b, h, S, S], lse [b, h, m], output [b, m, h, dv] or None, weights [b, h, m, n])."""
     b, h, m, _ = q.shape
     n = k.shape[2]
-    kk = k.double()[:, kv_heads.long()]
+    kk = k.double()[:, kv_heads.long().to(k.device)]
     s = torch.einsum("bhid,bhjd->bhij", q.double(), kk) * scale
     if softcap:
         s = torch.tanh(s / softcap) * softcap
     hide, add = hidden(mask, causal, window, past, b, h, m, n)
+    hide, add = hide.to(q.device), add.to(q.device)
     s = s + add
     s = s.masked_fill(hide, -math.inf)
     # the keys' own maximum: the kernel's running maximum after one tile of keys, so the weights before their
@@ -85,14 +87,14 @@ def dense(
     lse = torch.where(seen[..., 0], (top + torch.log(torch.where(seen, z, 1.0)))[..., 0], math.inf)
     out = None
     if v is not None:
-        out = torch.einsum("bhij,bhjd->bihd", p, v.double()[:, kv_heads.long()])
+        out = torch.einsum("bhij,bhjd->bihd", p, v.double()[:, kv_heads.long().to(v.device)])
     feats = inputs.features[:, :n].double()  # [b, n, 16]
     rt = inputs.rt[:, :n].double()
     rw = inputs.row_weights[:, :m].double()
     ok, ils, beyond = rw[..., 0][:, None], rw[..., 1][:, None], rw[..., 2][:, None]  # [b, 1, m]
     en = torch.where(seen, e, 0.0)
     pf = torch.einsum("bhij,bjc->bhic", rounded(en, precision).double(), rounded(feats, precision).double()) / zz
-    sums = torch.zeros(b, h, N_SUMS, dtype=torch.float64)
+    sums = torch.zeros(b, h, N_SUMS, dtype=torch.float64, device=q.device)
     for c, name in enumerate(("first", "sep", "punct", "mass")):
         sums[..., SUMS[name]] = (ok * pf[..., c]).sum(-1)
     logp = torch.log(torch.where(p > 0, p, 1.0))
@@ -100,8 +102,8 @@ def dense(
     sums[..., SUMS["entropy"]] = (ok * ent).sum(-1)
     sums[..., SUMS["entropy_norm"]] = (ils * ent).sum(-1)
     sums[..., SUMS["row_max"]] = (ok * p.amax(-1)).sum(-1)
-    i = torch.arange(m, dtype=torch.float64)[:, None] + past
-    j = torch.arange(n, dtype=torch.float64)[None, :]
+    i = torch.arange(m, dtype=torch.float64, device=q.device)[:, None] + past
+    j = torch.arange(n, dtype=torch.float64, device=q.device)[None, :]
     dist = (j - i).abs()
     sums[..., SUMS["distance"]] = (ok * (p * dist).sum(-1)).sum(-1)
     near = ((dist < RECENT_WINDOW) | (j < SINK_TOKENS)).double()

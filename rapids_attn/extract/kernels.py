@@ -124,12 +124,17 @@ class TorchKernel:
 class TritonKernel:
     """The fused Triton kernel (:mod:`rapids_attn.extract.fused`), for a sink that takes sums (a batch's
     LayerReducer). ``precision``: the P @ [F | R^T] product's input precision (:data:`~rapids_attn.extract.fused.
-    PRECISIONS`)."""
+    PRECISIONS`), or ``auto``: ieee for float32 queries, tf32 for half-precision ones."""
 
-    precision: str = "tf32"
+    precision: str = "auto"
     block_m: int = 64
     block_n: int = 64
     name: str = field(default="triton", init=False)
+
+    def precision_for(self, dtype: torch.dtype) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
     def unsupported(self, layer: LayerAttention, sink) -> str | None:
         from rapids_attn.extract import fused
@@ -187,7 +192,7 @@ class TritonKernel:
             sink.kernel_inputs(),
             softcap=softcap,
             sinks=sinks,
-            precision=self.precision,
+            precision=self.precision_for(query.dtype),
             block_m=self.block_m,
             block_n=self.block_n,
         )
@@ -230,7 +235,7 @@ def resolve_kernel(choice: str, device: str) -> str:
     return choice
 
 
-def make_kernel(name: str, precision: str = "tf32"):
+def make_kernel(name: str, precision: str = "auto"):
     """The kernel object for a resolved ``extract.kernel`` name."""
     cls = KERNELS[name]
     return cls(precision=precision) if cls is TritonKernel else cls()

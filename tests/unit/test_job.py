@@ -241,7 +241,7 @@ def test_the_capture_kernel_and_its_precision_leave_the_store_key_alone(tmp_path
     """The kernels agree within tolerance (tests/unit/extract/test_fused.py): a store extracted with one is
     resumed, and reused, by a job that names another."""
     base = load_job(minimal(tmp_path))
-    assert (base.extract.kernel, base.extract.kernel_precision) == ("auto", "tf32")
+    assert (base.extract.kernel, base.extract.kernel_precision) == ("auto", "auto")
     for change in (["extract.kernel=triton"], ["extract.kernel=torch", "extract.kernel_precision=bf16"]):
         assert load_job(minimal(tmp_path), change).extraction_key() == base.extraction_key()
     with pytest.raises(JobConfigError, match=r"extract\.kernel"):
