@@ -294,3 +294,14 @@ def test_triton_is_installed_where_the_test_environment_promises_it():
 
     if sys.platform.startswith("linux"):
         assert fused.available() is None
+
+
+def test_the_kernel_benchmark_refuses_a_machine_without_a_gpu(capsys):
+    """benchmarks.kernel_ratio's figures (the capture against SDPA) mean nothing in the interpreter: exit 2, one
+    line, where no CUDA device is visible."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the benchmark would run")
+    from benchmarks.kernel_ratio import main
+
+    assert main(["--cases", "bert-base"]) == 2
+    assert capsys.readouterr().err.startswith("error: benchmarks.kernel_ratio measures the capture on a CUDA GPU")
