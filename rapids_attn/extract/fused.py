@@ -129,7 +129,7 @@ def _kernel():
     return capture_fwd
 
 
-def _pow2(n: int, least: int = 16) -> int:
+def pow2(n: int, least: int = 16) -> int:
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
 
@@ -291,8 +291,8 @@ def fused_layer(
                 EMULATE=interpreted(),
                 BLOCK_M=block_m,
                 BLOCK_N=block_n,
-                BLOCK_D=_pow2(d),
-                BLOCK_DV=_pow2(vv.shape[-1]),
+                BLOCK_D=pow2(d),
+                BLOCK_DV=pow2(vv.shape[-1]),
                 BLOCK_S=s_pad,
                 NF=KEY_FEATURES,
                 NW=ROW_WEIGHTS,
@@ -301,7 +301,7 @@ def fused_layer(
                 N_SINK=SINK_TOKENS,
                 N_OFF=len(PROFILE_OFFSETS),
                 OFF0=PROFILE_OFFSETS[0],
-                BLOCK_W=_pow2(block_m + len(PROFILE_OFFSETS) - 1),
+                BLOCK_W=pow2(block_m + len(PROFILE_OFFSETS) - 1),
             )
     size = inputs.size
     result = LayerSums(sums=sums.sum(2), image=img.sum(2)[..., :size, :size], lse=lse)

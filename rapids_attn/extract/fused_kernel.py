@@ -207,6 +207,9 @@ def capture_fwd(
         if window > 0:
             lo = tl.maximum(0, start_m + past - window + 1)
             lo = (lo // BLOCK_N) * BLOCK_N
+    row_pos = (offs_m + past).to(tl.float32)  # each row's position among the keys
+    band_lo = start_m + past - WINDOW_BAND  # the keys any row of the tile has within its recent band
+    band_hi = start_m + past + BLOCK_M + WINDOW_BAND
     k_base = K + b * sk_b + kvh * sk_h
     v_base = V + b * sv_b + kvh * sv_h
     for start_n in range(lo, hi, BLOCK_N):
@@ -243,13 +246,18 @@ def capture_fwd(
         m_new = tl.maximum(m_i, mk_new)
         alpha = tl.exp(m_i - m_new)
         p = tl.where(hide, 0.0, tl.exp(s - m_new[:, None]))
-        sv = tl.where(hide, 0.0, s)
-        dd = tl.abs(offs_n[None, :] - (offs_m[:, None] + past)).to(tl.float32)
-        near = (dd < WINDOW_BAND) | (offs_n[None, :] < N_SINK)
+        # |i - j| in floats from two vectors (no integer conversion per element); a hidden key's p is 0 and its
+        # score finite (-1e30), so p * s needs no select
+        dd = tl.abs(offs_n.to(tl.float32)[None, :] - row_pos[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        ps_i = ps_i * alpha + tl.sum(p * sv, 1)
+        ps_i = ps_i * alpha + tl.sum(p * s, 1)
         dist_i = dist_i * alpha + tl.sum(p * dd, 1)
-        band_i = band_i * alpha + tl.sum(tl.where(near, p, 0.0), 1)
+        # the recent band and the sink tokens: only tiles that reach them (most of a long input's tiles do not)
+        if (start_n < N_SINK) | ((start_n < band_hi) & (start_n + BLOCK_N > band_lo)):
+            near = (dd < WINDOW_BAND) | (offs_n[None, :] < N_SINK)
+            band_i = band_i * alpha + tl.sum(tl.where(near, p, 0.0), 1)
+        else:
+            band_i = band_i * alpha
         fk = tl.load(FK + b * n_keys * NF + offs_n[:, None] * NF + offs_f[None, :], mask=key_in[:, None], other=0.0)
         rt = tl.load(
             RT + b * n_keys * BLOCK_S + offs_n[:, None] * BLOCK_S + offs_s[None, :],

@@ -358,14 +358,14 @@ class LayerReducer:
         sep, punct, a real token, j), each example's ``R^T`` padded to a power of two, and the rows' weights (a real
         row, 1 / log(keys seen), beyond the streaming set, the three repeat targets)."""
         if self._kernel_inputs is None:
-            from rapids_attn.extract.fused import KEY_FEATURES, ROW_WEIGHTS, KernelInputs, _pow2
+            from rapids_attn.extract.fused import KEY_FEATURES, ROW_WEIGHTS, KernelInputs, pow2
 
             bw = self.batch
             t = bw.row_ok.shape[1]
             s = self.image_size
             right = bw.right_rt
             features = torch.nn.functional.pad(right[..., :5], (0, KEY_FEATURES - 5))
-            rt = torch.nn.functional.pad(right[..., 5:], (0, _pow2(s) - s))
+            rt = torch.nn.functional.pad(right[..., 5:], (0, pow2(s) - s))
             n = bw.n_long[:, None]
             i = torch.arange(t, device=right.device)[None, :]
             w = RECENT_WINDOW

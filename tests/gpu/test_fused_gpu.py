@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _inputs(b, h, hk, t, d, dtype, lengths, size=32, seed=0):
-    from rapids_attn.extract.fused import KernelInputs, _pow2
+    from rapids_attn.extract.fused import KernelInputs, pow2
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, n, t, d, generator=g, device="cuda").to(dtype) for n in (h, hk, hk))
@@ -21,7 +21,7 @@ def _inputs(b, h, hk, t, d, dtype, lengths, size=32, seed=0):
     feat[:, 0, 0] = 1.0
     feat[:, :, 3] = ok
     feat[:, :, 4] = torch.arange(t, device="cuda") * ok
-    rt = torch.zeros(b, t, _pow2(size), device="cuda")
+    rt = torch.zeros(b, t, pow2(size), device="cuda")
     rt[..., :size] = torch.rand(b, t, size, generator=g, device="cuda") * ok[..., None]
     rw = torch.zeros(b, t, 8, device="cuda")
     rw[..., 0] = ok

@@ -33,7 +33,7 @@ B, H, HK, M, D, S = 2, 4, 2, 40, 16, 8
 LENGTHS = torch.tensor([40, 27])
 
 
-def _inputs(seed: int = 0) -> tuple:
+def _inputs(seed: int = 0, B=B, H=H, HK=HK, M=M, D=D, LENGTHS=LENGTHS) -> tuple:
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, n, M, D, generator=g) for n in (H, HK, HK))
     ok = (torch.arange(M)[None] < LENGTHS[:, None]).float()
@@ -128,6 +128,21 @@ def test_the_kernel_equals_a_dense_reference_over_several_tiles_of_rows_and_keys
     """Tiles of 16: the online softmax rescales its sums as the row maximum moves across three key tiles, the
     causal and windowed rows skip the tiles they cannot see, and three tiles of rows add up their partial sums."""
     _check(name, 16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiles_beyond_the_recent_band_and_the_sink_tokens_skip_the_band_and_still_count(causal):
+    """192 tokens in tiles of 64: a tile of rows meets key tiles more than RECENT_WINDOW (64) away, which skip the
+    streaming band's sums (and, causal, key tiles past the diagonal, which are not visited); the sums equal the
+    dense reference's all the same."""
+    q, k, v, ok, inputs = _inputs(B=1, H=2, HK=1, M=192, D=16, LENGTHS=torch.tensor([180]))
+    kv = torch.tensor([0, 0])
+    spec = MaskSpec(None if causal else ok.bool(), causal, 0, 0)
+    got, out = fused_layer(q, k, v, kv, spec, 0.3, inputs, precision="ieee", block_m=64, block_n=64)
+    sums, img, _, want, _ = dense(q, k, v, kv, spec.mask, causal, 0, 0, 0.3, inputs)
+    torch.testing.assert_close(got.sums.double(), sums, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(got.image.double(), img, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
