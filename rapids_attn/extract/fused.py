@@ -183,11 +183,14 @@ def fused_layer(
     precision: str = "tf32",
     block_m: int = 64,
     block_n: int = 64,
+    num_warps: int = 8,
 ) -> tuple[LayerSums, torch.Tensor | None]:
     """Launch the kernel for one layer: ``q`` [batch, head, q_len, d] (any float dtype; unscaled), ``k`` and ``v``
     [batch, key heads, keys, d] (``v`` None: no output), ``kv_heads`` [head] int (the key head of each query head),
     ``sinks`` [head] sink logits or None. Returns the layer's :class:`LayerSums` and the output [batch, q_len, head,
-    d_v] in ``q``'s dtype (transformers' layout), or None without ``v``."""
+    d_v] in ``q``'s dtype (transformers' layout), or None without ``v``. ``num_warps`` 8: compiled for Hopper
+    (sm_90a) with tiles of 64 x 64, the kernel needs 255 registers a thread; with 4 warps it spilled 3.4 KB a thread,
+    with 8 at most 0.7 KB (docs/benchmarks.md, "The fused kernel")."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     b, h, m, d = q.shape
@@ -207,6 +210,7 @@ def fused_layer(
         v = v.contiguous()
     mask = spec.mask
     mask_min = 0.0
+    upper = False  # a 4-D mask that hides every key past each row (upper_hidden)
     if mask is None:
         kind, mk, strides = 0, q, (0, 0, 0, 0)
     elif mask.dim() == 2:
@@ -214,6 +218,9 @@ def fused_layer(
         kind, strides = 2, (mk.stride(0), 0, 0, mk.stride(1))
     elif mask.dim() == 4:
         mk = mask[:, :, :m, :n]
+        upper = (
+            spec.causal and (mk.dtype == torch.bool or mk.is_floating_point()) and upper_hidden(mask, spec.past, m, n)
+        )
         if mk.dtype == torch.bool:
             mk, kind = mk.to(torch.int8), 3
         elif mk.is_floating_point():
@@ -283,6 +290,7 @@ def fused_layer(
                 inputs.size,
                 MASK_KIND=kind,
                 CAUSAL=bool(spec.causal),
+                UPPER_HIDDEN=upper,
                 SOFTCAP=bool(softcap),
                 HAS_SINKS=sinks is not None,
                 HAS_OUT=v is not None,
@@ -302,10 +310,29 @@ def fused_layer(
                 N_OFF=len(PROFILE_OFFSETS),
                 OFF0=PROFILE_OFFSETS[0],
                 BLOCK_W=pow2(block_m + len(PROFILE_OFFSETS) - 1),
+                num_warps=num_warps,
             )
     size = inputs.size
     result = LayerSums(sums=sums.sum(2), image=img.sum(2)[..., :size, :size], lse=lse)
     return result, out
+
+
+def upper_hidden(mask: torch.Tensor, past: int, rows: int | None = None, keys: int | None = None) -> bool:
+    """Whether a 4-D mask (its first ``rows`` x ``keys``) hides every key after each row's own position (a causal
+    mask with padding; not a prefix-LM mask that shows some rows later keys), so that a causal kernel may skip those
+    key tiles. One read of the mask (a host sync), remembered on the mask tensor itself for its current version: a
+    model's layers share one mask per forward."""
+    m, n = rows or mask.shape[2], keys or mask.shape[3]
+    key = (mask._version, past, m, n)
+    held = getattr(mask, "_rapids_upper_hidden", None)
+    if held is not None and held[0] == key:
+        return held[1]
+    part = mask[:, :, :m, :n]
+    above = torch.ones(part.shape[2], part.shape[3], dtype=torch.bool, device=mask.device).triu_(1 + past)
+    seen = part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min
+    got = not bool((seen & above).any())
+    mask._rapids_upper_hidden = (key, got)
+    return got
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -150,6 +150,7 @@ def capture_fwd(
     img_size,
     MASK_KIND: tl.constexpr,
     CAUSAL: tl.constexpr,
+    UPPER_HIDDEN: tl.constexpr,
     SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HAS_OUT: tl.constexpr,
@@ -200,13 +201,14 @@ def capture_fwd(
     acc_o = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     lo = n_keys * 0
     hi = n_keys + 0
-    # causal without a 4-D mask: keys past the tile's last row are hidden, and so are those before its first row's
-    # window (a 4-D mask alone decides what a row sees: every key tile is read)
-    if CAUSAL and MASK_KIND != 3 and MASK_KIND != 4:
+    # causal: keys past the tile's last row are hidden, and, without a 4-D mask, so are those before its first
+    # row's window. A 4-D mask alone decides what a row sees; its key tiles past the diagonal are skipped only where
+    # the launcher found it hides every key past each row (UPPER_HIDDEN: not a prefix-LM mask)
+    if CAUSAL and ((MASK_KIND != 3 and MASK_KIND != 4) or UPPER_HIDDEN):
         hi = tl.minimum(n_keys, start_m + BLOCK_M + past)
-        if window > 0:
-            lo = tl.maximum(0, start_m + past - window + 1)
-            lo = (lo // BLOCK_N) * BLOCK_N
+    if CAUSAL and MASK_KIND != 3 and MASK_KIND != 4 and window > 0:
+        lo = tl.maximum(0, start_m + past - window + 1)
+        lo = (lo // BLOCK_N) * BLOCK_N
     row_pos = (offs_m + past).to(tl.float32)  # each row's position among the keys
     band_lo = start_m + past - WINDOW_BAND  # the keys any row of the tile has within its recent band
     band_hi = start_m + past + BLOCK_M + WINDOW_BAND
