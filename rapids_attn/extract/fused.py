@@ -211,6 +211,8 @@ def fused_layer(
     mask = spec.mask
     mask_min = 0.0
     upper = False  # a 4-D mask that hides every key past each row (upper_hidden)
+    if mask is not None and mask.dim() == 4 and not spec.causal and mask.dtype == torch.bool and keys_only(mask, m, n):
+        mask = mask[:, 0, 0, :n]  # an encoder's padding mask, every row alike: read as [batch, keys], not a tile
     if mask is None:
         kind, mk, strides = 0, q, (0, 0, 0, 0)
     elif mask.dim() == 2:
@@ -317,13 +319,34 @@ def fused_layer(
     return result, out
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place version; None for an inference tensor (it keeps none, and no code changes a mask in place
+    between the layers of a forward: each forward makes its own)."""
+    return None if t.is_inference() else t._version
+
+
+def keys_only(mask: torch.Tensor, rows: int, keys: int) -> bool:
+    """Whether every row of a 4-D boolean mask (its first ``rows`` x ``keys``, every head) is the same: a key padding
+    mask (an encoder's, as transformers' SDPA mask function makes it), which the kernel then reads as one [batch,
+    keys] row instead of a [rows, keys] tile per program. One read per forward, kept on the mask as
+    :func:`upper_hidden`'s answer is."""
+    key = ("keys", _version(mask), rows, keys)
+    held = getattr(mask, "_rapids_keys_only", None)
+    if held is not None and held[0] == key:
+        return held[1]
+    part = mask[:, :, :rows, :keys]
+    got = bool((part == part[:, :1, :1, :]).all())
+    mask._rapids_keys_only = (key, got)
+    return got
+
+
 def upper_hidden(mask: torch.Tensor, past: int, rows: int | None = None, keys: int | None = None) -> bool:
     """Whether a 4-D mask (its first ``rows`` x ``keys``) hides every key after each row's own position (a causal
     mask with padding; not a prefix-LM mask that shows some rows later keys), so that a causal kernel may skip those
     key tiles. One read of the mask (a host sync), remembered on the mask tensor itself for its current version: a
     model's layers share one mask per forward."""
     m, n = rows or mask.shape[2], keys or mask.shape[3]
-    key = (mask._version, past, m, n)
+    key = (_version(mask), past, m, n)
     held = getattr(mask, "_rapids_upper_hidden", None)
     if held is not None and held[0] == key:
         return held[1]

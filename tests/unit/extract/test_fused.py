@@ -61,6 +61,8 @@ def _case(name: str, ok: torch.Tensor):
     gqa = torch.tensor([0, 0, 1, 1])
     if name == "padding-2d":
         return pad, False, 0, None, None, gqa
+    if name == "padding-4d":  # an encoder's mask as SDPA's mask function gives it: read as [batch, keys]
+        return pad[:, None, None, :].expand(B, 1, M, M), False, 0, None, None, gqa
     if name == "bool-4d":  # a prefix-LM-like mask: rows see the real keys up to themselves and the first five
         j, i = torch.arange(M)[None, :], torch.arange(M)[:, None]
         m = ((j <= i) | (j < 5))[None, None] & pad[:, None, None, :]
@@ -181,14 +183,17 @@ def _dense_args(name: str):
     return q, k, v, kv_heads, mask, causal, window, 0, 0.3, inputs, softcap, sinks
 
 
-def test_a_causal_4d_mask_lets_the_kernel_skip_the_tiles_past_the_diagonal_and_a_prefix_lm_mask_does_not():
-    from rapids_attn.extract.fused import upper_hidden
+def test_the_launcher_reads_a_4d_mask_for_what_it_is():
+    """A causal 4-D mask lets the kernel skip the tiles past the diagonal, a prefix-LM mask does not; an encoder's
+    padding mask (every row alike) is read as one row of keys."""
+    from rapids_attn.extract.fused import keys_only, upper_hidden
 
     _, _, _, ok, _ = _inputs()
     assert upper_hidden(_case("causal-4d", ok)[0], 0)
     assert not upper_hidden(_case("bool-4d", ok)[0], 0)  # rows see the first five keys, later ones too
     additive = torch.where(_case("causal-4d", ok)[0], 0.0, torch.finfo(torch.float32).min)
     assert upper_hidden(additive, 0) and not upper_hidden(torch.zeros(1, 1, 4, 4), 0)
+    assert keys_only(_case("padding-4d", ok)[0], M, M) and not keys_only(_case("causal-4d", ok)[0], M, M)
 
 
 def test_an_unknown_precision_is_refused():
@@ -345,50 +350,34 @@ def test_the_kernel_benchmark_refuses_a_machine_without_a_gpu(capsys):
     assert capsys.readouterr().err.startswith("error: benchmarks.kernel_ratio measures the capture on a CUDA GPU")
 
 
-#: compiles the kernel for sm_90a in a fresh process: the test session imported it under the interpreter
-_COMPILE_FOR_HOPPER = """
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
-
-from rapids_attn.extract.fused import KEY_FEATURES, N_SUMS, ROW_WEIGHTS
-from rapids_attn.extract.fused_kernel import capture_fwd
-from rapids_attn.extract.signature import PROFILE_OFFSETS, RECENT_WINDOW, SINK_TOKENS
-
-const = dict(
-    MASK_KIND=3, CAUSAL=True, UPPER_HIDDEN=True, SOFTCAP=True, HAS_SINKS=True, HAS_OUT=True, PREC=1, QK_PREC="tf32",
-    EMULATE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64, BLOCK_DV=64, BLOCK_S=32, NF=KEY_FEATURES, NW=ROW_WEIGHTS,
-    NS=N_SUMS, WINDOW_BAND=RECENT_WINDOW, N_SINK=SINK_TOKENS, N_OFF=len(PROFILE_OFFSETS), OFF0=PROFILE_OFFSETS[0],
-    BLOCK_W=128,
-)
-pointers = {"Q": "fp16", "K": "fp16", "V": "fp16", "Out": "fp16", "KVH": "i32", "Mask": "i8"}
-names = capture_fwd.arg_names
-sig = {}
-for n in names:
-    if n in const:
-        sig[n] = "constexpr"
-    elif n[0].isupper():
-        sig[n] = "*" + pointers.get(n, "fp32")
-    else:
-        sig[n] = "fp32" if n in ("scale", "softcap", "mask_min") else "i32"
-src = ASTSource(capture_fwd, sig, constexprs={(names.index(k),): v for k, v in const.items()})
-kernel = compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-print("cubin", len(kernel.asm["cubin"]), "wgmma", "wgmma" in kernel.asm["ptx"])
-"""
-
-
 @pytest.mark.slow
-def test_the_kernel_compiles_for_hopper_without_a_gpu():
-    """Triton compiles for a target it is told (sm_90a: the H100 and H200) with its own ptxas, no GPU needed: the
-    kernel's compiled path, which the interpreter never takes (constexpr and runtime branches, dot operand types,
-    layouts), builds to a cubin for the broadest case: a 4-D boolean mask under causality with its upper triangle
-    skipped, soft-capping, attention sinks, float16 inputs, the launch's 8 warps, Hopper's warpgroup products."""
+def test_the_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
+    """Triton compiles for a target it is told (sm_90a: the H100 and H200) with its own ptxas, no GPU needed
+    (benchmarks/kernel_registers.py, in a fresh process: this session imported the kernel under the interpreter):
+    the kernel's compiled path, which the interpreter never takes (constexpr and runtime branches, dot operand types,
+    layouts), builds for the broadest case (a padded causal 4-D mask with its upper triangle skipped, soft-capping,
+    attention sinks, float16) with the launch's 8 warps into Hopper's warpgroup products."""
+    import json
     import subprocess
     import sys
 
+    from helpers import REPO
+
+    out = tmp_path / "regs.json"
+    variant = "padded-causal-softcap-sinks-fp16-d64"
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.kernel_registers",
+        "--variants",
+        variant,
+        "--warps",
+        "8",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    p = subprocess.run(
-        [sys.executable, "-c", _COMPILE_FOR_HOPPER], capture_output=True, text=True, env=env, check=False
-    )
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
-    words = p.stdout.split()
-    assert words[0] == "cubin" and int(words[1]) > 0 and words[3] == "True", p.stdout
+    (row,) = json.loads(out.read_text())
+    assert row["wgmma"] and 0 < row["registers"] <= 255
