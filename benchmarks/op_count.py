@@ -45,6 +45,7 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad-v2-dev-half.json"
 SYNC_OPS = frozenset(
     {
         "_local_scalar_dense",
+        "is_nonzero",  # bool(t): reaches the dispatcher as itself
         "nonzero",
         "nonzero_static",
         "masked_select",

@@ -188,6 +188,7 @@ class AttentionCapture:
 
         counting = _Counting()
         counting.scratch = ScratchPool()  # the blocks' buffer, kept through this forward's layers
+        counting.forward_memo = {}  # what a kernel read off this forward's mask, for its later layers
         for i, m in enumerate(self.modules):
             m._rapids_capture = (counting, i, self.kernel, self.kernel_log)
         try:

@@ -184,13 +184,15 @@ def fused_layer(
     block_m: int = 64,
     block_n: int = 64,
     num_warps: int = 8,
+    memo: dict | None = None,
 ) -> tuple[LayerSums, torch.Tensor | None]:
     """Launch the kernel for one layer: ``q`` [batch, head, q_len, d] (any float dtype; unscaled), ``k`` and ``v``
     [batch, key heads, keys, d] (``v`` None: no output), ``kv_heads`` [head] int (the key head of each query head),
     ``sinks`` [head] sink logits or None. Returns the layer's :class:`LayerSums` and the output [batch, q_len, head,
     d_v] in ``q``'s dtype (transformers' layout), or None without ``v``. ``num_warps`` 8: compiled for Hopper
     (sm_90a) with tiles of 64 x 64, the kernel needs 255 registers a thread; with 4 warps it spilled 3.4 KB a thread,
-    with 8 at most 0.7 KB (docs/benchmarks.md, "The fused kernel")."""
+    with 8 at most 0.7 KB (docs/benchmarks.md, "The fused kernel"). ``memo``: the capture's dict for one forward,
+    where what the launcher reads off the mask (:func:`keys_only`, :func:`upper_hidden`) is kept for the next layers."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     b, h, m, d = q.shape
@@ -211,7 +213,13 @@ def fused_layer(
     mask = spec.mask
     mask_min = 0.0
     upper = False  # a 4-D mask that hides every key past each row (upper_hidden)
-    if mask is not None and mask.dim() == 4 and not spec.causal and mask.dtype == torch.bool and keys_only(mask, m, n):
+    if (
+        mask is not None
+        and mask.dim() == 4
+        and not spec.causal
+        and mask.dtype == torch.bool
+        and keys_only(mask, m, n, memo)
+    ):
         mask = mask[:, 0, 0, :n]  # an encoder's padding mask, every row alike: read as [batch, keys], not a tile
     if mask is None:
         kind, mk, strides = 0, q, (0, 0, 0, 0)
@@ -221,7 +229,9 @@ def fused_layer(
     elif mask.dim() == 4:
         mk = mask[:, :, :m, :n]
         upper = (
-            spec.causal and (mk.dtype == torch.bool or mk.is_floating_point()) and upper_hidden(mask, spec.past, m, n)
+            spec.causal
+            and (mk.dtype == torch.bool or mk.is_floating_point())
+            and upper_hidden(mask, spec.past, m, n, memo)
         )
         if mk.dtype == torch.bool:
             mk, kind = mk.to(torch.int8), 3
@@ -319,43 +329,48 @@ def fused_layer(
     return result, out
 
 
-def _version(t: torch.Tensor) -> int | None:
-    """The tensor's in-place version; None for an inference tensor (it keeps none, and no code changes a mask in place
-    between the layers of a forward: each forward makes its own)."""
-    return None if t.is_inference() else t._version
+def _memo(memo: dict | None, key: tuple, compute):
+    """``compute()``, remembered in ``memo`` (one forward's: the capture's, while the model holds its mask, so its
+    memory cannot be another tensor's) under ``key``."""
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
 
 
-def keys_only(mask: torch.Tensor, rows: int, keys: int) -> bool:
+def _mask_key(kind: str, mask: torch.Tensor, *more) -> tuple:
+    return (kind, mask.data_ptr(), tuple(mask.shape), tuple(mask.stride()), mask.dtype, *more)
+
+
+def keys_only(mask: torch.Tensor, rows: int, keys: int, memo: dict | None = None) -> bool:
     """Whether every row of a 4-D boolean mask (its first ``rows`` x ``keys``, every head) is the same: a key padding
     mask (an encoder's, as transformers' SDPA mask function makes it), which the kernel then reads as one [batch,
-    keys] row instead of a [rows, keys] tile per program. One read per forward, kept on the mask as
-    :func:`upper_hidden`'s answer is."""
-    key = ("keys", _version(mask), rows, keys)
-    held = getattr(mask, "_rapids_keys_only", None)
-    if held is not None and held[0] == key:
-        return held[1]
-    part = mask[:, :, :rows, :keys]
-    got = bool((part == part[:, :1, :1, :]).all())
-    mask._rapids_keys_only = (key, got)
-    return got
+    keys] row instead of a [rows, keys] tile per program. One read of the mask (a host sync), once a forward with the
+    capture's ``memo``: a model's layers share its mask."""
+
+    def compute() -> bool:
+        part = mask[:, :, :rows, :keys]
+        return bool((part == part[:, :1, :1, :]).all())
+
+    return _memo(memo, _mask_key("keys", mask, rows, keys), compute)
 
 
-def upper_hidden(mask: torch.Tensor, past: int, rows: int | None = None, keys: int | None = None) -> bool:
+def upper_hidden(
+    mask: torch.Tensor, past: int, rows: int | None = None, keys: int | None = None, memo: dict | None = None
+) -> bool:
     """Whether a 4-D mask (its first ``rows`` x ``keys``) hides every key after each row's own position (a causal
     mask with padding; not a prefix-LM mask that shows some rows later keys), so that a causal kernel may skip those
-    key tiles. One read of the mask (a host sync), remembered on the mask tensor itself for its current version: a
-    model's layers share one mask per forward."""
+    key tiles. One read of the mask (a host sync), once a forward with the capture's ``memo``."""
     m, n = rows or mask.shape[2], keys or mask.shape[3]
-    key = (_version(mask), past, m, n)
-    held = getattr(mask, "_rapids_upper_hidden", None)
-    if held is not None and held[0] == key:
-        return held[1]
-    part = mask[:, :, :m, :n]
-    above = torch.ones(part.shape[2], part.shape[3], dtype=torch.bool, device=mask.device).triu_(1 + past)
-    seen = part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min
-    got = not bool((seen & above).any())
-    mask._rapids_upper_hidden = (key, got)
-    return got
+
+    def compute() -> bool:
+        part = mask[:, :, :m, :n]
+        above = torch.ones(m, n, dtype=torch.bool, device=mask.device).triu_(1 + past)
+        seen = part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min
+        return not bool((seen & above).any())
+
+    return _memo(memo, _mask_key("upper", mask, past, m, n), compute)
 
 
 def triton_cdiv(a: int, b: int) -> int:

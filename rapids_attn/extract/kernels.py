@@ -195,6 +195,7 @@ class TritonKernel:
             precision=self.precision_for(query.dtype),
             block_m=self.block_m,
             block_n=self.block_n,
+            memo=getattr(sink, "forward_memo", None),
         )
 
         def pairs(eb, ei, ek):

@@ -189,11 +189,13 @@ def test_the_launcher_reads_a_4d_mask_for_what_it_is():
     from rapids_attn.extract.fused import keys_only, upper_hidden
 
     _, _, _, ok, _ = _inputs()
-    assert upper_hidden(_case("causal-4d", ok)[0], 0)
+    memo = {}
+    causal = _case("causal-4d", ok)[0]
+    assert upper_hidden(causal, 0, memo=memo) and upper_hidden(causal, 0, memo=memo) and len(memo) == 1
     assert not upper_hidden(_case("bool-4d", ok)[0], 0)  # rows see the first five keys, later ones too
-    additive = torch.where(_case("causal-4d", ok)[0], 0.0, torch.finfo(torch.float32).min)
+    additive = torch.where(causal, 0.0, torch.finfo(torch.float32).min)
     assert upper_hidden(additive, 0) and not upper_hidden(torch.zeros(1, 1, 4, 4), 0)
-    assert keys_only(_case("padding-4d", ok)[0], M, M) and not keys_only(_case("causal-4d", ok)[0], M, M)
+    assert keys_only(_case("padding-4d", ok)[0], M, M) and not keys_only(causal, M, M)
 
 
 def test_an_unknown_precision_is_refused():
