@@ -157,6 +157,9 @@ class TritonKernel:
             return f"a {mask.dim()}-D mask"
         if mask is not None and mask.dim() == 4 and mask.shape[1] not in (1, layer.query.shape[1]):
             return "a mask whose head dimension is neither 1 nor the query heads'"
+        every = sink.head_list is None or list(sink.head_list) == list(range(layer.query.shape[1]))
+        if mask is not None and mask.dim() == 4 and mask.shape[1] > 1 and not every:
+            return "a mask per head with a subset of the heads captured"
         if layer.key.shape[2] - layer.query.shape[2] < 0:
             return "fewer keys than queries"
         return None

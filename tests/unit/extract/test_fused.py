@@ -383,3 +383,23 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     (row,) = json.loads(out.read_text())
     assert row["wgmma"] and 0 < row["registers"] <= 255
+
+
+def test_a_mask_per_head_with_a_subset_of_the_heads_falls_back():
+    """A 4-D mask with a row per head is indexed by the model's head; the kernel numbers the captured heads, so a
+    subset of them with such a mask runs the torch kernel (and says why)."""
+    from rapids_attn.extract.kernels import LayerAttention, SinkNeeds
+
+    class Sink:
+        needs = SinkNeeds(sums=True)
+
+        def __init__(self, heads):
+            self.head_list = heads
+
+    q = torch.zeros(1, 2, 4, 8, device=DEV)
+    mask = torch.ones(1, 2, 4, 4, dtype=torch.bool, device=DEV)
+    layer = LayerAttention(torch.nn.Module(), q, q, None, mask, None, {})
+    assert TritonKernel().unsupported(layer, Sink([1])) == "a mask per head with a subset of the heads captured"
+    assert TritonKernel().unsupported(layer, Sink(None)) is None
+    layer.mask = mask[:, :1]  # one row for every head: the subset reads it as any head would
+    assert TritonKernel().unsupported(layer, Sink([1])) is None
