@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from rapids_attn.extract.kernels import LayerAttention, SinkNeeds, needs_of, run_layer
+from rapids_attn.extract.kernels import LayerAttention, SinkNeeds, head_map, needs_of, run_layer
 from rapids_attn.extract.maps import SoftmaxRows
 
 PREFIX = "rapids_blocked_"
@@ -213,13 +213,10 @@ def blocked_weights(module, query, key, attention_mask, scaling, sink, layer: in
       block, so the scores are turned into weights in place.
     """
     n_q_heads, q_len, head_dim = query.shape[1], query.shape[2], query.shape[3]
-    heads = sink.head_list if sink.head_list is not None else list(range(n_q_heads))
     kv_len = key.shape[2]
     rep = n_q_heads // key.shape[1]  # grouped-query attention: query head h reads key head h // rep
-    idx = torch.tensor(heads, device=query.device)
-    kv_heads = torch.div(idx, rep, rounding_mode="floor")
+    heads, every, idx, kv_heads = head_map(query, key, sink.head_list)  # every: the capture reads every query head
     scale = scaling if scaling is not None else 1.0 / math.sqrt(head_dim)
-    every = heads == list(range(n_q_heads))  # the capture reads every query head
     # every head, one key head each (no grouped-query attention): the model's keys and values as they are,
     # where index_select would copy them (made contiguous once if they are a transposed view: every block's
     # product would copy them again)

@@ -206,9 +206,7 @@ def fused_layer(
     rw = rw[:, :m].contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
-    if v is not None and v.stride(-1) == 1:
-        pass
-    elif v is not None:
+    if v is not None and v.stride(-1) != 1:
         v = v.contiguous()
     mask = spec.mask
     mask_min = 0.0

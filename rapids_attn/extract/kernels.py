@@ -168,12 +168,7 @@ class TritonKernel:
         from rapids_attn.extract.fused import MaskSpec, fused_layer, pair_weights
 
         query, key = layer.query, layer.key
-        n_heads = query.shape[1]
-        heads = sink.head_list if sink.head_list is not None else list(range(n_heads))
-        every = heads == list(range(n_heads))
-        idx = torch.tensor(heads, device=query.device)
-        rep = n_heads // key.shape[1]  # grouped-query attention: query head h reads key head h // rep
-        kv_heads = torch.div(idx, rep, rounding_mode="floor")
+        _, every, idx, kv_heads = head_map(query, key, sink.head_list)
         q = query if every else query.index_select(1, idx)
         sinks = layer.kwargs.get("s_aux")
         sinks = sinks.index_select(0, idx) if sinks is not None else None
@@ -206,6 +201,17 @@ class TritonKernel:
 
         sink.add_sums(index, sums, pairs)
         return out
+
+
+def head_map(query: torch.Tensor, key: torch.Tensor, head_list: list[int] | None):
+    """The sink's query heads (``head_list``; None: all of them), whether they are every head in order, their index
+    on the query's device, and the key head each reads (grouped-query attention: query head h reads key head
+    h // (query heads / key heads))."""
+    n_q_heads = query.shape[1]
+    heads = list(head_list) if head_list is not None else list(range(n_q_heads))
+    idx = torch.tensor(heads, device=query.device)
+    kv_heads = torch.div(idx, n_q_heads // key.shape[1], rounding_mode="floor")
+    return heads, heads == list(range(n_q_heads)), idx, kv_heads
 
 
 #: ``extract.kernel`` -> the kernel's class (a new kernel is registered here)
