@@ -79,7 +79,41 @@ Trainer) on {num(info.get("train_examples"))} examples of {num(info.get("train_g
 on {esc(info.get("device"))} in {num(info.get("train_seconds"), 1)} s of training. The prior work's figures are
 BERT-base on the whole SQuAD v2 dev set: a reference, not the same data or model. best_exact and best_f1 are
 the official evaluation's scores at the no-answer threshold that scores best on these very questions (an upper
-bound: what the spans are worth apart from the no-answer calibration).</p>{table}</section>"""
+bound: what the spans are worth apart from the no-answer calibration).</p>{table}{baseline_html(info)}</section>"""
+
+
+def baseline_html(info: dict) -> str:
+    """The fine-tune (and each control) against the trivial baseline on the same held-out examples: the score and
+    the per-example gain with its interval."""
+    runs = [{"label": "finetuned", "seed": info.get("seed"), "shuffled": False, **info}, *info.get("controls", [])]
+    rows = []
+    for r in runs:
+        b = r.get("baseline") or {}
+        gain = b.get("gain") or {}
+        if not gain:
+            continue
+        score = (r.get("scores") or {}).get(b.get("score"))
+        if b.get("score") == "accuracy" and score is not None:
+            score = float(score)
+        ci = gain.get("ci") or [None, None]
+        beats = "yes" if ci[0] is not None and ci[0] > 0 else "no"
+        rows.append(
+            f"<tr><td>{esc(r['label'])}</td><td class=n>{num(r.get('seed'))}</td>"
+            f"<td>{'yes' if r.get('shuffled') else 'no'}</td><td class=n>{num(score)}</td>"
+            f"<td class=n>{num(b.get('value'))}</td><td class=n>{num(gain.get('mean'))} [{num(ci[0])}, {num(ci[1])}]"
+            f"</td><td>{beats}</td></tr>"
+        )
+    if not rows:
+        return ""
+    b = info.get("baseline") or {}
+    return (
+        f"<p>Against the trivial baseline ({esc(b.get('name'))}) on the same held-out examples: the gain per example "
+        f"({esc(b.get('score'))}), with its {int(100 * (b.get('gain') or {}).get('level', 0.95))}% bootstrap interval "
+        "over the examples; a fine-tune beats the baseline where the interval lies above 0.</p><table><thead><tr>"
+        "<th>fine-tune</th><th class=n>training seed</th><th>labels shuffled</th><th class=n>score</th>"
+        "<th class=n>baseline</th><th class=n>gain [CI]</th><th>beats it</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def stored_result(g) -> dict | None:
@@ -89,7 +123,7 @@ def stored_result(g) -> dict | None:
 class CompareSection(ReportSection):
     anchor = "compare"
     title = "What changed between models"
-    figure_pattern = r"compare_(heads|layers|exemplars)(_[A-Za-z0-9_.-]+)?"
+    figure_pattern = r"compare_(heads|layers|exemplars|floor|trajectory)(_[A-Za-z0-9_.-]+)?"
 
     def read(self, g, summary: dict, findings, arrays, earlier: dict[str, Any]) -> dict | None:
         info = stored_result(g)
@@ -102,6 +136,17 @@ class CompareSection(ReportSection):
             for row in entry.get("most_changed", []):
                 if cost is not None and row["layer"] < cost.shape[0] and row["head"] < cost.shape[1]:
                     row["ablation_cost"] = float(cost[row["layer"], row["head"]])
+        floor = (info.get("floor") or {}).get("jsd")
+        if floor and cost is not None and cost.shape == np.shape(floor["heads"]["changed"]):
+            from rapids_attn.compare.floor import causal_check
+
+            h = getattr(heads, "info", None) or {}
+            floor["causal"] = {
+                "metric": h.get("metric"),
+                "headline": h.get("headline"),
+                "examples": h.get("examples"),
+                **causal_check(floor, cost, h.get("cost_ci")),
+            }
         summary["compare"] = info
         return {"info": info, "g": g}
 
@@ -154,7 +199,66 @@ class CompareSection(ReportSection):
             ax.legend(fontsize=7)
             names.append(F.save(fig, out_dir, "compare_layers.png"))
         names += self._exemplars(out_dir, info, g, with_maps)
+        floor = (info.get("floor") or {}).get("jsd")
+        if floor:
+            names.append(self._floor_figure(out_dir, floor))
+        if info.get("trajectory"):
+            names.append(self._trajectory_figure(out_dir, info["trajectory"]))
         return names
+
+    def _trajectory_figure(self, out_dir, t: dict) -> str:
+        """Each layer's divergence from the base and from the final model over the kept steps."""
+        from rapids_attn.explain import figures as F
+
+        fig = F.new_figure(8.0, 3.2)
+        steps = t["steps"]
+        for k, (what, title) in enumerate((("to_base", "from the base"), ("to_final", "from the final model"))):
+            ax = fig.add_subplot(1, 2, k + 1)
+            v = np.asarray([r[what]["layers"] for r in t["rows"]], np.float64)  # [steps, layers, 3]
+            for layer in range(v.shape[1]):
+                ax.plot(steps, v[:, layer, 0], marker="o", label=f"layer {layer}")
+                ax.fill_between(steps, v[:, layer, 1], v[:, layer, 2], alpha=0.2)
+            ax.set_xlabel("training step")
+            ax.set_title(f"divergence {title}", fontsize=8)
+        ax.legend(fontsize=6)
+        return F.save(fig, out_dir, "compare_trajectory.png")
+
+    def _floor_figure(self, out_dir, floor: dict) -> str:
+        """Per layer, base-to-fine-tune change beside the seed-to-seed floor (and the shuffled control's change),
+        with intervals; per head, the excess over the floor with the heads called changed marked."""
+        from rapids_attn.explain import figures as F
+
+        excess = np.asarray(floor["heads"]["excess"], np.float64)[..., 0]
+        changed = np.asarray(floor["heads"]["changed"], bool)
+        fig = F.new_figure(8.0, 3.2)
+        ax = fig.add_subplot(1, 2, 1)
+        x = np.arange(len(floor["layers"]))
+        for k, (what, label) in enumerate((("change", "base vs fine-tunes"), ("floor", "fine-tune vs fine-tune"))):
+            v = np.asarray([row[what] for row in floor["layers"]], np.float64)
+            ax.errorbar(
+                x + (k - 0.5) * 0.2,
+                v[:, 0],
+                yerr=[v[:, 0] - v[:, 1], v[:, 2] - v[:, 0]],
+                fmt="o",
+                capsize=3,
+                label=label,
+            )
+        if floor.get("control"):
+            ax.plot(x + 0.3, floor["control"]["layers"], "x", label="base vs shuffled labels")
+        ax.set_xticks(x)
+        ax.set_xlabel("layer")
+        ax.set_title(f"divergence per layer ({int(floor['level'] * 100)}% interval, questions and seeds)", fontsize=8)
+        ax.legend(fontsize=6)
+        ax = fig.add_subplot(1, 2, 2)
+        im = ax.imshow(
+            excess, cmap="coolwarm", aspect="auto", vmin=-np.nanmax(np.abs(excess)), vmax=np.nanmax(np.abs(excess))
+        )
+        fig.colorbar(im, ax=ax, fraction=0.046)
+        ys, xs = np.nonzero(changed)
+        ax.scatter(xs, ys, s=10, c="white", edgecolors="black", linewidths=0.5)
+        F.grid_axes(ax, range(excess.shape[0]), range(excess.shape[1]))
+        ax.set_title(f"change minus floor; dots: changed (FDR {floor['fdr']})", fontsize=8)
+        return F.save(fig, out_dir, "compare_floor.png")
 
     def _exemplars(self, out_dir, info: dict, g, with_maps: list[int]) -> list[str]:
         """The most-changed heads' maps in both models, side by side, for the compared example where the head's
@@ -205,8 +309,14 @@ model's value minus the compared model's, over {num(info["examples"])} examples;
 maps ({num(info.get("n_clusters"))} clusters), so a cluster means the same in every model. In the heatmaps, a dot
 marks a head whose interval lies wholly above the median head's change.</p>"""
         ]
+        floor = (info.get("floor") or {}).get("jsd")
+        if floor:
+            parts.append(floor_html(floor))
+        if info.get("trajectory"):
+            parts.append(trajectory_html(info["trajectory"]))
         for entry in info.get("compared", []):
-            parts.append(f"<h3>{esc(info['job_model'])} vs {esc(entry['label'])} ({esc(entry['name'])})</h3>")
+            control = " (a control: another fine-tune of this job)" if entry.get("control") else ""
+            parts.append(f"<h3>{esc(info['job_model'])} vs {esc(entry['label'])} ({esc(entry['name'])}){control}</h3>")
             if not entry.get("maps"):
                 parts.append(f"<p><b>Statistics only:</b> {esc(entry.get('maps_refused'))}</p>")
             theirs = entry.get("heads")  # compare.heads: the heads stage ran on the compared model too
@@ -256,3 +366,99 @@ marks a head whose interval lies wholly above the median head's change.</p>"""
                 )
         parts += [img(f, "what changed between models") for f in figures]
         return "".join(parts) + "</section>"
+
+
+def _ci(v) -> str:
+    return f"{num(v[0])} [{num(v[1])}, {num(v[2])}]"
+
+
+def floor_html(floor: dict) -> str:
+    """The noise-floor subsection: per layer, change, floor and excess; the heads called changed."""
+    rows = "".join(
+        f"<tr><td>{r['layer']}</td><td class=n>{_ci(r['change'])}</td><td class=n>{_ci(r['floor'])}</td>"
+        f"<td class=n>{_ci(r['excess'])}</td><td class=n>{num(r['p'])}</td></tr>"
+        for r in floor["layers"]
+    )
+    ctrl = floor.get("control")
+    heads = "".join(
+        f"<tr><td>L{r['layer']}H{r['head']}</td><td class=n>{_ci(r['change'])}</td><td class=n>{_ci(r['floor'])}</td>"
+        f"<td class=n>{_ci(r['excess'])}</td><td class=n>{num(r['p_adjusted'])}</td>"
+        + (f"<td>{'yes' if ctrl['task_specific'][r['layer']][r['head']] else 'no'}</td>" if ctrl else "")
+        + "</tr>"
+        for r in floor["changed"]
+    )
+    agree = floor.get("agreement") or {}
+    return f"""
+<h3>Change against training noise</h3>
+<p class="note">{len(floor["fine_tunes"])} fine-tunes of this job ({esc(", ".join(floor["fine_tunes"]))}: the
+same data and schedule, other training seeds). <b>Change</b>: base against each fine-tune; <b>floor</b>: each
+fine-tune against each other; <b>excess</b>: change minus floor. Mean Jensen-Shannon divergence over
+{num(floor["examples"])} examples, {int(floor["level"] * 100)}% intervals from a bootstrap over the questions, the
+fine-tunes and their pairs ({num(floor["resamples"])} resamples; with three seeds the seed level is coarse). A head
+is called changed where its excess is above 0 with the false-discovery rate across its
+{num(floor["n_heads"])} heads at {num(floor["fdr"])} (Benjamini-Hochberg).</p>
+<p><b>{num(floor["n_changed"])} of {num(floor["n_heads"])} heads changed beyond the floor</b>;
+{num(floor["n_within_floor"])} change no more than two seeds differ (their excess interval reaches 0). The
+fine-tunes rank heads by change alike at Spearman {num(agree.get("spearman"))}, and two fine-tunes' top
+{num(agree.get("top"))} share {num(agree.get("top_shared"))} of their heads.{
+        f" Against training on shuffled labels ({esc(ctrl['label'])}), {num(ctrl['n_task_specific'])} of the changed "
+        "heads also change more than that control does."
+        if ctrl
+        else ""
+    }</p>
+{causal_html(floor.get("causal"))}
+<table><thead><tr><th>layer</th><th class=n>change [CI]</th><th class=n>floor [CI]</th><th class=n>excess [CI]</th>
+<th class=n>p (excess &gt; 0)</th></tr></thead><tbody>{rows}</tbody></table>
+{
+        "<table><thead><tr><th>head called changed</th><th class=n>change [CI]</th><th class=n>floor [CI]</th>"
+        "<th class=n>excess [CI]</th><th class=n>adjusted p</th>"
+        + ("<th>beyond shuffled labels</th>" if ctrl else "")
+        + f"</tr></thead><tbody>{heads}</tbody></table>"
+        if heads
+        else ""
+    }"""
+
+
+def trajectory_html(t: dict) -> str:
+    """Per layer, the divergence from the base at each kept step; and when the heads' changes appear."""
+    steps = t["steps"]
+    head = "".join(f"<th class=n>step {s}</th>" for s in steps)
+    rows = "".join(
+        f"<tr><td>{layer}</td>"
+        + "".join(f"<td class=n>{_ci(r['to_base']['layers'][layer])}</td>" for r in t["rows"])
+        + f"<td class=n>{num(float(np.mean(t['final'][layer])))}</td></tr>"
+        for layer in range(len(t["final"]))
+    )
+    half = np.asarray(t["half_change_step"])
+    counts = ", ".join(f"{int((half == s).sum())} by step {s}" for s in steps)
+    return f"""
+<h3>When the changes appear</h3>
+<p class="note">The fine-tune's weights at each kept step against the base (mean Jensen-Shannon divergence over the
+compared examples, {esc(t.get("measure"))}; intervals over examples). A head's change appears at the first step whose
+divergence from the base reaches half of the final model's: {esc(counts)}; {int((half < 0).sum())} after the last
+kept step.</p>
+<table><thead><tr><th>layer</th>{head}<th class=n>final</th></tr></thead><tbody>{rows}</tbody></table>"""
+
+
+def causal_html(c: dict | None) -> str:
+    """Whether the changed heads are the ones whose ablation costs the fine-tune (:func:`causal_check`)."""
+    if not c or c.get("spearman") is None:
+        return ""
+    diff = (
+        f" The heads called changed cost {num(c['mean_cost_changed'])} on average when ablated alone, the others "
+        f"{num(c['mean_cost_others'])} (permutation p = {num(c['p'])})."
+        if "difference" in c
+        else ""
+    )
+    costly = (
+        f" {num(c['changed_costly'])} of the {num(c['changed'])} changed heads and {num(c['others_costly'])} of the "
+        "others cost beyond chance on their own."
+        if "changed_costly" in c
+        else ""
+    )
+    return (
+        f"<p><b>Do the changed heads matter?</b> Single-head ablation of the fine-tune ({esc(c.get('metric'))}, "
+        f"scored by {esc(c.get('headline'))} over {num(c.get('examples'))} examples): Spearman correlation of a "
+        f"head's excess over the floor with its ablation cost {num(c['spearman'])} over {num(c['heads'])} heads."
+        f"{diff}{costly}</p>"
+    )

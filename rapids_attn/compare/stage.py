@@ -72,6 +72,11 @@ def compared_models(cfg) -> tuple[str, list[Compared]]:
         job_label = _label(cfg.model.name, taken)
     names = list(cfg.compare.models) or ([cfg.model.name] if cfg.finetune.enabled else [])
     out = []
+    if cfg.finetune.enabled:  # the control fine-tunes' labels are their folders' names: taken first
+        from rapids_attn.finetune.stage import fine_tunes
+
+        controls = [r.label for r in fine_tunes(cfg)[1:]]
+        taken.update(controls)
     for n in names:
         if cfg.finetune.enabled and n == cfg.model.name and "base" not in taken:
             label = "base"
@@ -80,7 +85,29 @@ def compared_models(cfg) -> tuple[str, list[Compared]]:
             label = _label(n, taken)
         revision = cfg.model.revision if n == cfg.model.name else None
         out.append(Compared(label, cfg.model.model_copy(update={"name": n, "revision": revision})))
+    if cfg.finetune.enabled:
+        from rapids_attn.finetune.stage import finetuned_folder
+
+        for label in controls:
+            folder = str(finetuned_folder(cfg.run_dir, label))
+            out.append(Compared(label, cfg.model.model_copy(update={"name": folder, "revision": None})))
     return job_label, out
+
+
+def floor_plan(cfg, job_label: str, others: list[Compared]) -> tuple[str, list[str], str | None] | None:
+    """(the base's label, the fine-tunes' labels, the shuffled control's label or None) where the job has control
+    seeds (the noise floor, :mod:`rapids_attn.compare.floor`), else None."""
+    if not (cfg.finetune.enabled and cfg.finetune.control_seeds):
+        return None
+    from rapids_attn.finetune.stage import fine_tunes
+
+    runs = fine_tunes(cfg)
+    labels = {o.label for o in others}
+    if "base" not in labels:  # compare.models named others and not the base: no change to measure a floor under
+        return None
+    tunes = [job_label, *(r.label for r in runs[1:] if not r.shuffled)]
+    control = next((r.label for r in runs if r.shuffled), None)
+    return "base", tunes, control
 
 
 @dataclass
@@ -111,6 +138,11 @@ class CompareStage(Stage):
         self.cfg = cfg
         self.job = analysed_job(cfg)
         self.job_label, self.others = compared_models(cfg)
+        self.controls: set[str] = set()
+        if cfg.finetune.enabled:
+            from rapids_attn.finetune.stage import fine_tunes
+
+            self.controls = {r.label for r in fine_tunes(cfg)[1:]}
 
     @classmethod
     def from_job(cls, cfg) -> CompareStage:
@@ -138,6 +170,15 @@ class CompareStage(Stage):
         if self.cfg.finetune.enabled and folder_key(Path(self.job.model.name)) is None:
             return self.cfg.model
         return self.job.model
+
+    def _model_now(self, other: Compared):
+        """A compared model's section to read now: a control fine-tune's folder once the finetune stage has made it,
+        until then the model it starts from (the same tokenizer, layers and heads)."""
+        from rapids_attn.finetune.stage import folder_key
+
+        if other.label in self.controls and folder_key(Path(other.model.name)) is None:
+            return self.cfg.model
+        return other.model
 
     def check(self, ctx: RunContext) -> None:
         from rapids_attn.errors import JobConfigError
@@ -171,7 +212,8 @@ class CompareStage(Stage):
         from rapids_attn.extract.model import describe_model, load_config, load_tokenizer, resolve_attention
         from rapids_attn.extract.stage import ExtractStage
 
-        info = describe_model(other.model, check_files=True, attention=self.job.extract.attention)
+        now = self._model_now(other)
+        info = describe_model(now, check_files=True, attention=self.job.extract.attention)
         mine = ctx.model
         if (info.n_layers, info.n_heads) != (mine.n_layers, mine.n_heads):
             raise JobConfigError(
@@ -186,9 +228,9 @@ class CompareStage(Stage):
         why = None
         try:
             check_same_tokens(
-                other.label, load_tokenizer(other.model), self.job_label, load_tokenizer(self._job_model_now()), texts
+                other.label, load_tokenizer(now), self.job_label, load_tokenizer(self._job_model_now()), texts
             )
-            for m in (other.model, self._job_model_now()):
+            for m in (now, self._job_model_now()):
                 resolve_attention("blocked", load_config(m)[1], m.name)
         except ModelError as e:
             why = str(e)
@@ -279,17 +321,26 @@ class CompareStage(Stage):
         examples = ctx.data.read(pos)
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
         maps = np.full((len(self.others), len(pos), n_layers, n_heads, len(MAP_MEASURES)), np.nan)
+        # the floor's pairs the job's comparisons do not already hold (base against each control seed, the control
+        # seeds against each other, the base against the shuffled-label control)
+        pairs = self._extra_pairs()
+        models = {self.job_label: self.job.model, **{o.label: o.model for o in self.others}}
+        steps = self._steps(ctx)  # finetune.trajectory: each kept step against the base and the final model
+        for step, folder in steps:
+            models[f"step-{step}"] = self.cfg.model.model_copy(update={"name": str(folder), "revision": None})
+            pairs += [("base", f"step-{step}"), (f"step-{step}", self.job_label)]
+        pair_maps = np.full((len(pairs), *maps.shape[1:]), np.nan)
+        todo = [(maps, i, o.label, self.job_label) for i, o in enumerate(self.others) if self.plans[o.label]["maps"]]
+        todo += [(pair_maps, i, a, b) for i, (a, b) in enumerate(pairs)]
         tasks, where = [], []
         x = self.job.extract
-        for i, o in enumerate(self.others):
-            if not self.plans[o.label]["maps"]:
-                continue
+        for out, i, a, b in todo:
             start = 0
             for part in shards_of(examples, ctx):
                 tasks.append(
                     MapsTask(
-                        o.model,
-                        self.job.model,
+                        models[a],
+                        models[b],
                         ctx.devices.extract,
                         self.job.runtime.threads_per_worker,
                         tuple(part),
@@ -299,17 +350,30 @@ class CompareStage(Stage):
                         int(x.attention_block_mb) << 20,
                     )
                 )
-                where.append((i, start, start + len(part)))
+                where.append((out, i, start, start + len(part)))
                 start += len(part)
-        for (i, a, b), (cos, jsd) in zip(where, map_tasks(client, compare_maps, tasks, "compare"), strict=True):
-            maps[i, a:b, ..., 0], maps[i, a:b, ..., 1] = cos, jsd
+        for (out, i, a, b), (cos, jsd) in zip(where, map_tasks(client, compare_maps, tasks, "compare"), strict=True):
+            out[i, a:b, ..., 0], out[i, a:b, ..., 1] = cos, jsd
         if tasks:
             from rapids_attn.compare.work import release_models
 
             client.run(release_models)
         stores = [g] + [zarr.open_group(str(self.plans[o.label]["context"].store_path), mode="r") for o in self.others]
         made = self._write(ctx, g, stores, pos, every, maps)
+        if pairs:
+            S.create_array(
+                g,
+                S.COMPARE_PAIR_MAPS,
+                pair_maps.shape,
+                attributes={"measures": list(MAP_MEASURES), "pairs": [list(p) for p in pairs]},
+                data=pair_maps,
+            )
         info = self._summary(g, made, pos, every, extracted)
+        floor = self._floor(ctx, maps, pairs, pair_maps)
+        if floor:
+            info["floor"] = floor
+        if steps:
+            info["trajectory"] = self._trajectory(ctx, maps, pairs, pair_maps, [s for s, _ in steps], floor)
         mark_complete(g, self.name, True, info)
         consolidate(ctx.store_path)
         return CompareResult(
@@ -318,6 +382,92 @@ class CompareStage(Stage):
             examples=len(every),
             extracted=extracted,
         )
+
+    def _extra_pairs(self) -> list[tuple[str, str]]:
+        """The noise floor's pairs of models (:func:`rapids_attn.compare.floor.floor_pairs`) not among the job's
+        comparisons, whose maps the stage compares as well; none without control seeds."""
+        from rapids_attn.compare.floor import floor_pairs
+
+        plan = floor_plan(self.cfg, self.job_label, self.others)
+        if plan is None:
+            return []
+        have = {frozenset((self.job_label, o.label)) for o in self.others if self.plans[o.label]["maps"]}
+        return [p for p in floor_pairs(*plan) if frozenset(p) not in have]
+
+    def _steps(self, ctx: RunContext) -> list:
+        """(step, folder) of the analysed fine-tune's kept steps (``finetune.trajectory``), where the base is
+        compared; else none."""
+        from rapids_attn.finetune.stage import settings_key, trajectory_steps
+
+        if not (self.cfg.finetune.enabled and self.cfg.finetune.trajectory):
+            return []
+        if "base" not in {o.label for o in self.others}:
+            return []
+        steps = trajectory_steps(ctx.run_dir, settings_key(self.cfg, ctx.data.fingerprint))
+        if not steps:
+            print(
+                "rapids_attn: compare: finetune.trajectory is set but no step of this fine-tune was kept (it was made "
+                "without it): no trajectory; run the finetune stage again with --overwrite to keep its steps",
+                file=sys.stderr,
+            )
+        return steps
+
+    def _trajectory(self, ctx, maps, pairs, pair_maps, steps: list[int], floor: dict | None) -> dict:
+        """Each kept step against the base and against the final model: per layer the mean divergence with its
+        interval over examples, per head the mean; and for each head the first step whose divergence from the base
+        reaches half of the final model's (when its change appears)."""
+        from rapids_attn.compare.intervals import head_intervals
+
+        c = self.cfg.compare
+        boot = {"level": c.level, "n_resamples": c.resamples, "seed": ctx.seed}
+        where = {tuple(p): i for i, p in enumerate(pairs)}
+        base = next(i for i, o in enumerate(self.others) if o.label == "base")
+        final = maps[base, ..., 1]  # [examples, layers, heads]: the final fine-tune against the base
+        rows = []
+        for step in steps:
+            row = {"step": step}
+            for name, pair in (("to_base", ("base", f"step-{step}")), ("to_final", (f"step-{step}", self.job_label))):
+                v = pair_maps[where[pair], ..., 1]
+                lay = head_intervals(v.mean(-1, keepdims=True), **boot)
+                row[name] = {
+                    "layers": np.stack([lay.mean[:, 0], lay.low[:, 0], lay.high[:, 0]], -1).tolist(),
+                    "heads": v.mean(0).tolist(),
+                }
+            rows.append(row)
+        to_base = np.asarray([r["to_base"]["heads"] for r in rows])  # [steps, layers, heads]
+        half = final.mean(0) / 2
+        reached = to_base >= half[None]
+        first = np.where(reached.any(0), np.asarray(steps)[reached.argmax(0)], -1)
+        return {
+            "steps": steps,
+            "measure": "jsd",
+            "final": final.mean(0).tolist(),
+            "rows": rows,
+            # -1: not reached by any kept step (the change came after the last one)
+            "half_change_step": first.tolist(),
+        }
+
+    def _floor(self, ctx: RunContext, maps: np.ndarray, pairs: list, pair_maps: np.ndarray) -> dict | None:
+        """The noise-floor analysis (:func:`rapids_attn.compare.floor.noise_floor`) for each distance, or None
+        without control seeds or map measures."""
+        from rapids_attn.compare.floor import DISTANCES, noise_floor
+
+        plan = floor_plan(self.cfg, self.job_label, self.others)
+        if plan is None or maps.shape[1] < 2:
+            return None
+        c = self.cfg.compare
+        out = {}
+        for m, measure in enumerate(MAP_MEASURES):
+            dist = DISTANCES[measure]
+            values = {(self.job_label, o.label): dist(maps[i, ..., m]) for i, o in enumerate(self.others)}
+            values.update({tuple(p): dist(pair_maps[i, ..., m]) for i, p in enumerate(pairs)})
+            if not all(np.isfinite(v).all() for v in values.values()):
+                return None  # a pair compared on statistics only (another tokenizer): no map distance to floor
+            print(f"rapids_attn: compare: noise floor ({measure})", file=sys.stderr, flush=True)
+            out[measure] = noise_floor(
+                values, *plan, level=c.level, fdr=c.fdr, resamples=c.resamples, seed=ctx.seed, measure=measure
+            )
+        return out
 
     def _heads_of(self, ctx: RunContext, sub: RunContext, other: Compared, client) -> dict:
         """The heads stage's single-head ablation on a compared model, over the job's heads examples, into its own
@@ -436,6 +586,8 @@ class CompareStage(Stage):
                 "name": o.model.name,
                 "maps": plan["maps"],
                 "maps_refused": plan["why"],
+                # another fine-tune of the job (a training seed, or shuffled labels): a control, not a comparison
+                "control": o.label in self.controls,
                 "store": extracted[o.label]["store"],
                 "per_layer": [
                     {

@@ -64,7 +64,8 @@ def train_classifier(
 def evaluate_classifier(
     model, tokenizer, examples: Sequence[Example], names: list[str], max_length: int, batch_size: int = 32
 ) -> dict:
-    """Accuracy and per-class accuracy on ``examples`` (labels the training never saw count as wrong)."""
+    """Accuracy and per-class accuracy on ``examples`` (labels the training never saw count as wrong), and ``right``:
+    each example's correctness, in order (for intervals against a baseline on the same examples)."""
     import torch
     from transformers import DataCollatorWithPadding
 
@@ -81,4 +82,9 @@ def evaluate_classifier(
     per_class = {
         n: float(right[[ex.label == n for ex in examples]].mean()) for n in sorted({ex.label for ex in examples})
     }
-    return {"accuracy": float(right.mean()) if len(right) else None, "per_class": per_class, "total": len(examples)}
+    return {
+        "accuracy": float(right.mean()) if len(right) else None,
+        "per_class": per_class,
+        "total": len(examples),
+        "right": right.tolist(),
+    }

@@ -164,6 +164,20 @@ def best_threshold_scores(examples: Sequence[Example], spans: Sequence[str], mar
     return out
 
 
+def example_f1(examples: Sequence[Example], predictions: Sequence[str]) -> np.ndarray:
+    """Each scored example's F1 in percent (SQuAD 2.0's rule: the best over its gold answers; an unanswerable
+    question scores 100 for "" and 0 otherwise), in order, skipping examples without gold answers as
+    :func:`squad_v2_scores` does: its ``f1`` is this array's mean."""
+    return np.asarray(
+        [
+            100.0 * max(f1_score(g, pred) for g in gold)
+            for ex, pred in zip(examples, predictions, strict=True)
+            if (gold := gold_answers(ex)) is not None
+        ],
+        dtype=np.float64,
+    )
+
+
 def squad_v2_scores(examples: Sequence[Example], predictions: Sequence[str]) -> dict:
     """SQuAD 2.0's official numbers, in percent: exact and F1 over every question with gold answers, and each
     over the answerable (HasAns) and unanswerable (NoAns) ones, with their counts."""
@@ -285,7 +299,16 @@ def evaluate_qa(model, tokenizer, examples: Sequence[Example], w: QAWindowing, b
     return {
         "scores": {**squad_v2_scores(examples, predictions), **best_threshold_scores(examples, spans, margin)},
         "predictions": {ex.id: p for ex, p in zip(examples, predictions, strict=True)},
+        # each example's best span and no-answer margin: what a threshold tuned elsewhere is applied to
+        "spans": spans,
+        "margin": margin,
     }
+
+
+def thresholded(spans: Sequence[str], margin: np.ndarray, threshold: float) -> list[str]:
+    """The answers with the no-answer threshold ``threshold`` on the margin (answer where the margin is at most
+    it; the official evaluation's rule, as :func:`best_threshold_scores` tunes it)."""
+    return [text if m <= threshold else "" for text, m in zip(spans, margin, strict=True)]
 
 
 def finish(

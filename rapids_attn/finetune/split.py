@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,19 +56,51 @@ def job_examples(cfg):
     return index, index.read(range(len(index)))
 
 
-def job_split(cfg) -> tuple[list[Example], list[Example]]:
-    """(train, eval) of the job's whole file for ``finetune``: split by group (:func:`split_by_group`, seeded with
-    ``runtime.seed``), then each side sampled down to ``finetune.train_examples`` / ``eval_examples`` (seeded)."""
+@dataclass(frozen=True)
+class JobSplit:
+    """The finetune stage's examples: ``train`` (training groups), ``evaluation`` (held-out groups) and ``tune``
+    (training groups' questions held back from training, where the qa no-answer threshold is tuned; else empty)."""
+
+    train: list[Example]
+    evaluation: list[Example]
+    tune: list[Example]
+
+    def __iter__(self):  # (train, evaluation), as the split was before it had a tuning part
+        return iter((self.train, self.evaluation))
+
+
+def job_split(cfg) -> JobSplit:
+    """The job's whole file split for ``finetune``: by group (:func:`split_by_group`, seeded with ``runtime.seed``);
+    then ``finetune.threshold_examples`` of the training side held back (seeded: every kind of question); then,
+    with ``train_questions: answerable``, the unanswerable ones dropped; then each side sampled down to
+    ``finetune.train_examples`` / ``eval_examples`` (seeded)."""
     from rapids_attn.data.index import select_positions
 
     f = cfg.finetune
     _, examples = job_examples(cfg)
     train, evaluation = split_by_group(examples, f.eval_fraction, cfg.runtime.seed)
+    tune: list[Example] = []
+    if f.threshold_examples:
+        if f.threshold_examples >= len(train):
+            raise DataError(
+                f"finetune.threshold_examples: {f.threshold_examples} of the training groups' {len(train)} questions "
+                "would leave none to train on; hold back fewer"
+            )
+        held = set(select_positions(len(train), sample=f.threshold_examples, seed=cfg.runtime.seed + 1))
+        tune = [ex for i, ex in enumerate(train) if i in held]
+        train = [ex for i, ex in enumerate(train) if i not in held]
+    if f.train_questions == "answerable":
+        train = [ex for ex in train if ex.answers]
+        if not train:
+            raise DataError(
+                "finetune.train_questions: answerable, and no training question has an answer; use all, or data with "
+                "answers"
+            )
     train = [train[i] for i in select_positions(len(train), sample=f.train_examples, seed=cfg.runtime.seed)]
     evaluation = [
         evaluation[i] for i in select_positions(len(evaluation), sample=f.eval_examples, seed=cfg.runtime.seed)
     ]
-    return train, evaluation
+    return JobSplit(train, evaluation, tune)
 
 
 def held_out_index(cfg):

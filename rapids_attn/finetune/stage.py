@@ -31,8 +31,82 @@ CHECKPOINTS = "finetune-checkpoints"
 PRIOR_WORK = {"exact": 72.96, "f1": 76.29, "HasAns_f1": 78.10, "NoAns_f1": 74.48}
 
 
-def finetuned_folder(run_dir: Path) -> Path:
-    return Path(run_dir) / MODELS_DIR / FINETUNED
+@dataclass(frozen=True)
+class FineTune:
+    """One fine-tune of the job: the analysed one (``finetuned``) or a control: another training seed
+    (``finetuned-seed<N>``) or the training labels shuffled (``finetuned-shuffled``); same data, same schedule."""
+
+    label: str
+    seed: int
+    shuffled: bool = False
+
+    @property
+    def control(self) -> bool:
+        return self.label != FINETUNED
+
+
+def fine_tunes(cfg) -> list[FineTune]:
+    """The job's fine-tunes, the analysed one first, then ``finetune.control_seeds`` in order, then the shuffled-label
+    control."""
+    f = cfg.finetune
+    out = [FineTune(FINETUNED, f.seed)]
+    out += [FineTune(f"{FINETUNED}-seed{s}", s) for s in f.control_seeds]
+    if f.shuffled_labels:
+        out.append(FineTune(f"{FINETUNED}-shuffled", f.seed, shuffled=True))
+    return out
+
+
+def finetuned_folder(run_dir: Path, label: str = FINETUNED) -> Path:
+    return Path(run_dir) / MODELS_DIR / label
+
+
+STEPS = "finetuned-steps"
+
+
+def steps_folder(run_dir: Path) -> Path:
+    """Where the analysed fine-tune's weights at each checkpoint are kept (``finetune.trajectory``)."""
+    return Path(run_dir) / MODELS_DIR / STEPS
+
+
+def trajectory_steps(run_dir: Path, key: dict | None = None) -> list[tuple[int, Path]]:
+    """(step, folder) of each kept step, in order: complete folders only (``step-<N>`` with a config), and none
+    where the folder was made from other settings than ``key``."""
+    root = steps_folder(run_dir)
+    if key is not None and _read_json(root / "made_from.json") != key:
+        return []
+    out = []
+    for d in root.glob("step-*") if root.is_dir() else ():
+        tail = d.name[len("step-") :]
+        if tail.isdigit() and (d / "config.json").is_file():
+            out.append((int(tail), d))
+    return sorted(out)
+
+
+class KeepSteps:
+    """A ``TrainerCallback`` that writes the model and tokenizer as an HF folder at every checkpoint, whole (into a
+    staging folder, then renamed): the trajectory the compare stage reads."""
+
+    def __new__(cls, root: Path, tokenizer):
+        from transformers import TrainerCallback
+
+        class _Keep(TrainerCallback):
+            def on_save(self, args, state, control, model=None, **kwargs):
+                if model is None:
+                    return
+                stage = root / f".step-{state.global_step}.tmp"
+                shutil.rmtree(stage, ignore_errors=True)
+                model.save_pretrained(str(stage))
+                tokenizer.save_pretrained(str(stage))
+                final = root / f"step-{state.global_step}"
+                shutil.rmtree(final, ignore_errors=True)
+                stage.rename(final)
+
+        return _Keep()
+
+
+def checkpoints_folder(run_dir: Path, label: str = FINETUNED) -> Path:
+    """Where ``Trainer`` checkpoints one fine-tune while it trains (``finetune-checkpoints`` for the analysed one)."""
+    return Path(run_dir) / MODELS_DIR / (CHECKPOINTS if label == FINETUNED else f"{label}-checkpoints")
 
 
 def analysed_job(cfg):
@@ -44,16 +118,51 @@ def analysed_job(cfg):
     return cfg.model_copy(update={"model": model})
 
 
-def settings_key(cfg, fingerprint: str) -> dict:
-    """What decides the fine-tuned weights: the model it starts from, the finetune section, the seed, the file."""
-    return {
+def settings_key(cfg, fingerprint: str, run: FineTune | None = None) -> dict:
+    """What decides one fine-tune's weights: the model it starts from, the finetune section (its own training seed;
+    not the list of controls), whether its labels were shuffled, the split's seed (``runtime.seed``), the file."""
+    from rapids_attn.job import CONTROL_SETTINGS
+
+    run = run or fine_tunes(cfg)[0]
+    f = {k: v for k, v in cfg.finetune.model_dump(mode="json").items() if k not in CONTROL_SETTINGS}
+    f["seed"] = run.seed
+    key = {
         "model": cfg.model.name,
         "revision": cfg.model.revision,
-        "finetune": cfg.finetune.model_dump(mode="json"),
+        "finetune": f,
         "seed": cfg.runtime.seed,
         "data": str(cfg.data.path),
         "data_content": fingerprint,
     }
+    if run.shuffled:
+        key["shuffled_labels"] = True
+    return key
+
+
+def shuffled(examples: list, seed: int) -> list:
+    """``examples`` with their labels permuted among them (seeded): the same texts and the same class balance, no
+    relation between a text and its label."""
+    import dataclasses
+
+    import numpy as np
+
+    labels = [ex.label for ex in examples]
+    order = np.random.default_rng(seed).permutation(len(labels))
+    return [dataclasses.replace(ex, label=labels[i]) for ex, i in zip(examples, order, strict=True)]
+
+
+def paired_difference(mine, theirs, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """The mean of ``mine - theirs`` (per example, paired) with a percentile bootstrap interval over the examples:
+    whether a fine-tune beats a baseline on the same held-out examples, and by how much."""
+    import numpy as np
+
+    d = np.asarray(mine, dtype=np.float64) - np.asarray(theirs, dtype=np.float64)
+    if d.size == 0:
+        return {"mean": None, "ci": [None, None], "level": level, "examples": 0}
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(d.mean()), "ci": [float(low), float(high)], "level": level, "examples": int(d.size)}
 
 
 def _read_json(path: Path):
@@ -68,6 +177,18 @@ def folder_key(folder: Path) -> dict | None:
     """What a complete fine-tuned folder was made from (its metrics.json's ``made_from``), or None."""
     made = _read_json(folder / "metrics.json")
     return made.get("made_from") if isinstance(made, dict) else None
+
+
+def _record_controls(folder: Path, controls: list) -> None:
+    """The analysed fine-tune's ``metrics.json`` with this run's controls in its result (what the report reads),
+    replaced whole."""
+    made = _read_json(folder / "metrics.json")
+    if not isinstance(made, dict) or made.get("result", {}).get("controls") == controls:
+        return
+    made.setdefault("result", {})["controls"] = controls
+    tmp = folder / "metrics.json.tmp"
+    tmp.write_text(json.dumps(made, indent=1))
+    tmp.replace(folder / "metrics.json")
 
 
 @dataclass
@@ -88,7 +209,15 @@ class FinetuneResult(StageResult):
     scores: dict = field(default_factory=dict)
     #: the same scorer with every question predicted unanswerable (qa)
     no_answer_baseline: dict = field(default_factory=dict)
+    #: the trivial baseline on the same held-out examples (qa: no answer, always; classify: the training side's
+    #: majority class), its score, and the fine-tune's per-example gain over it with a bootstrap interval
+    baseline: dict = field(default_factory=dict)
     prior_work: dict = field(default_factory=lambda: dict(PRIOR_WORK))
+    #: its training seed (finetune.seed)
+    seed: int = 0
+    #: the control fine-tunes (finetune.control_seeds, shuffled_labels): label, seed, shuffled, folder, reused,
+    #: train_seconds, scores and baseline, as above
+    controls: list = field(default_factory=list)
 
 
 class FinetuneStage(Stage):
@@ -141,15 +270,43 @@ class FinetuneStage(Stage):
             )
 
     def run(self, ctx: RunContext, client=None) -> FinetuneResult:
+        from rapids_attn.finetune.split import job_split
+
+        split = job_split(self.cfg)
+        runs = fine_tunes(self.cfg)
+        results = []
+        for i, run in enumerate(runs):
+            if len(runs) > 1:
+                print(
+                    f"rapids_attn: finetune: {run.label} ({i + 1} of {len(runs)}: training seed {run.seed}"
+                    f"{', labels shuffled' if run.shuffled else ''})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            results.append(self._one(ctx, run, split))
+        main = results[0]
+        main.controls = [
+            {
+                "label": run.label,
+                "seed": run.seed,
+                "shuffled": run.shuffled,
+                **{k: getattr(r, k) for k in ("folder", "reused", "train_seconds", "scores", "baseline")},
+            }
+            for run, r in zip(runs[1:], results[1:], strict=True)
+        ]
+        _record_controls(Path(main.folder), main.controls)
+        return main
+
+    def _one(self, ctx: RunContext, run: FineTune, split) -> FinetuneResult:
+        """One fine-tune: trained (or resumed, or its complete folder kept) and scored on the held-out examples."""
         import torch
 
         from rapids_attn.extract.model import load_config, load_tokenizer
         from rapids_attn.finetune import classify, qa
-        from rapids_attn.finetune.split import job_split
 
         cfg, f = self.cfg, self.cfg.finetune
-        folder = finetuned_folder(ctx.run_dir)
-        key = settings_key(cfg, ctx.data.fingerprint)
+        folder = finetuned_folder(ctx.run_dir, run.label)
+        key = settings_key(cfg, ctx.data.fingerprint, run)
         made = _read_json(folder / "metrics.json")
         if isinstance(made, dict) and made.get("made_from") == key:
             print(
@@ -159,11 +316,13 @@ class FinetuneStage(Stage):
         # the device plan's, as a worker would resolve it here: one GPU where the job runs on GPUs (multi-GPU
         # training is launched with accelerate or torchrun: docs/deployment.md)
         device = "cpu" if ctx.devices.extract.on_this_worker().device == "cpu" else "cuda"
-        train, evaluation = job_split(cfg)
+        train, evaluation = split.train, split.evaluation
+        if run.shuffled:
+            train = shuffled(train, run.seed)
         source, _ = load_config(cfg.model)
         tokenizer = load_tokenizer(cfg.model)
         settings = qa.TrainSettings(
-            seed=cfg.runtime.seed,
+            seed=run.seed,
             learning_rate=f.learning_rate,
             num_train_epochs=f.epochs,
             max_steps=f.max_steps,
@@ -173,7 +332,7 @@ class FinetuneStage(Stage):
             warmup_ratio=f.warmup_ratio,
             save_steps=f.save_steps,
         )
-        work = ctx.run_dir / MODELS_DIR / CHECKPOINTS
+        work = checkpoints_folder(ctx.run_dir, run.label)
         if folder.exists():  # made with other settings (or another file): trained again, from scratch
             shutil.rmtree(folder)
         resumed = qa.last_checkpoint(work) if _read_json(work / "made_from.json") == key else None
@@ -183,26 +342,67 @@ class FinetuneStage(Stage):
         (work / "made_from.json").write_text(json.dumps(key))
         if resumed:
             print(f"rapids_attn: finetune: resuming from {resumed}", file=sys.stderr)
-        torch.manual_seed(cfg.runtime.seed)
+        torch.manual_seed(run.seed)
         common = {"revision": cfg.model.revision, "trust_remote_code": cfg.model.trust_remote_code}
+        callbacks = []
+        if f.trajectory and not run.control:
+            root = steps_folder(ctx.run_dir)
+            if _read_json(root / "made_from.json") != key or resumed is None:
+                shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "made_from.json").write_text(json.dumps(key))
+            callbacks.append(KeepSteps(root, tokenizer))
         if f.task == "qa":
             from transformers import AutoModelForQuestionAnswering
 
             w = qa.QAWindowing(max_length=f.max_length, doc_stride=f.doc_stride)
             model = AutoModelForQuestionAnswering.from_pretrained(source, **common)
-            trainer = qa.train_qa(model, tokenizer, train, w, settings, work, device)
-            scores = qa.evaluate_qa(trainer.model, tokenizer, evaluation, w, f.eval_batch_size)["scores"]
-            baseline = qa.squad_v2_scores(evaluation, [""] * len(evaluation))
+            trainer = qa.train_qa(model, tokenizer, train, w, settings, work, device, callbacks)
+            scored = qa.evaluate_qa(trainer.model, tokenizer, evaluation, w, f.eval_batch_size)
+            scores = scored["scores"]
+            predictions = [scored["predictions"][ex.id] for ex in evaluation]
+            if split.tune:  # the threshold that scores best on held-back training questions, applied as it is
+                tuned = qa.evaluate_qa(trainer.model, tokenizer, split.tune, w, f.eval_batch_size)["scores"]
+                threshold = float(tuned["best_f1_thresh"])
+                predictions = qa.thresholded(scored["spans"], scored["margin"], threshold)
+                scores = {
+                    **qa.squad_v2_scores(evaluation, predictions),
+                    "threshold": threshold,
+                    "threshold_from": len(split.tune),
+                    "threshold_zero": {k: scores[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1")},
+                    **{k: scores[k] for k in scores if k.startswith("best_")},
+                }
+            abstain = [""] * len(evaluation)
+            no_answer = qa.squad_v2_scores(evaluation, abstain)
+            baseline = {
+                "name": "no answer, always",
+                "score": "f1",
+                "value": no_answer["f1"],
+                "gain": paired_difference(
+                    qa.example_f1(evaluation, predictions), qa.example_f1(evaluation, abstain), seed=run.seed
+                ),
+            }
         else:
             from transformers import AutoModelForSequenceClassification
 
-            w, baseline = None, {}
+            w, no_answer = None, {}
             names = classify.label_names(train)
             model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=len(names), **common)
-            trainer = classify.train_classifier(model, tokenizer, train, names, f.max_length, settings, work, device)
+            trainer = classify.train_classifier(
+                model, tokenizer, train, names, f.max_length, settings, work, device, callbacks
+            )
             scores = classify.evaluate_classifier(
                 trainer.model, tokenizer, evaluation, names, f.max_length, f.eval_batch_size
             )
+            right = scores.pop("right")
+            majority = max(names, key=lambda n: (sum(ex.label == n for ex in train), n))
+            always = [ex.label == majority for ex in evaluation]
+            baseline = {
+                "name": f"the training side's majority class, always ({majority})",
+                "score": "accuracy",
+                "value": float(sum(always) / max(len(always), 1)),
+                "gain": paired_difference(right, always, seed=run.seed),
+            }
         log = trainer.state.log_history
         train_log = next((e for e in reversed(log) if "train_runtime" in e), {})
         result = FinetuneResult(
@@ -217,7 +417,9 @@ class FinetuneStage(Stage):
             train_seconds=float(train_log.get("train_runtime", 0.0)),
             train_samples_per_second=train_log.get("train_samples_per_second"),
             scores=scores,
-            no_answer_baseline=baseline,
+            no_answer_baseline=no_answer,
+            baseline=baseline,
+            seed=run.seed,
         )
         qa.finish(trainer, tokenizer, folder, scores, settings, w, {"made_from": key, "result": result.to_dict()})
         shutil.rmtree(work, ignore_errors=True)

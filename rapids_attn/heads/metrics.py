@@ -132,8 +132,20 @@ class TaskMetric:
 # --------------------------------------------------------------------------------------------- squad
 
 
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
 class SquadMetric(TaskMetric):
-    name, columns, headline = "squad", ("exact", "f1"), "f1"
+    """SQuAD 2.0 exact match and F1 (the official rules, threshold 0), and **gold_logprob**: the mean of the
+    log-probabilities the model gives the gold answer's start and end tokens ([CLS] for an unanswerable question
+    or an answer cut off): the negative of the training loss. Ablation costs are ranked by it (issue 46): it moves
+    with every head, where F1 stays flat while the predictions do not cross over (a model that abstains on every
+    question loses exactly 0 F1 to any ablation)."""
+
+    name, columns, headline = "squad", ("exact", "f1", "gold_logprob"), "gold_logprob"
     kinds = ("qa",)
     needs = "a question-answering head (AutoModelForQuestionAnswering)"
     auto_class = "AutoModelForQuestionAnswering"
@@ -177,12 +189,20 @@ class SquadMetric(TaskMetric):
             "end_char": np.full(n, -1, np.int64),
             "span_score": np.full(n, -np.inf, np.float64),
             "null_score": np.zeros(n, np.float64),
+            "gold_logprob": np.full(n, np.nan, np.float64),
         }
+        from rapids_attn.heads.losses import _answer_tokens
+
         features = [encoded_features(enc, r) for enc, r in encoded]
-        for idx, _, o in _batches(model, tokenizer, features, device, token_budget):
+        for idx, batch, o in _batches(model, tokenizer, features, device, token_budget):
             starts, ends = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
+            lengths = batch["attention_mask"].sum(-1).tolist()
             for row, i in enumerate(idx):
                 enc, r = encoded[i]
+                if gold_answers(examples[i]) is not None:  # the gold tokens' log-probability ([CLS]: no answer)
+                    gs, ge = _answer_tokens(enc, r, examples[i].answer_span())
+                    t = int(lengths[row])
+                    out["gold_logprob"][i] = 0.5 * (_log_softmax(starts[row, :t])[gs] + _log_softmax(ends[row, :t])[ge])
                 context = np.flatnonzero([s == 1 for s in enc.sequence_ids(r)])
                 score, a, b = best_span(starts[row], ends[row], context)
                 out["null_score"][i] = float(starts[row, 0]) + float(ends[row, 0])
@@ -207,7 +227,7 @@ class SquadMetric(TaskMetric):
             if golds is not None:
                 exact[i] = max(exact_score(g, pred) for g in golds)
                 f1[i] = max(f1_score(g, pred) for g in golds)
-        return {"exact": exact, "f1": f1}
+        return {"exact": exact, "f1": f1, "gold_logprob": np.asarray(partials.get("gold_logprob", f1 * np.nan))}
 
 
 def paired_text(ex: Example, metric: str) -> str:
@@ -403,26 +423,40 @@ def label_ids(config, examples: Sequence[Example]) -> np.ndarray:
 
 
 class AccuracyMetric(TaskMetric):
-    name, columns, headline = "accuracy", ("accuracy",), "accuracy"
+    """Accuracy, and the **margin**: the true class's logit minus the largest other class's, per example (above 0
+    exactly where the prediction is right). Ablation costs are ranked by the margin (issue 46): it moves with every
+    head where accuracy, a count of flips, stays flat until a prediction crosses over."""
+
+    name, columns, headline = "accuracy", ("accuracy", "margin"), "margin"
     kinds = ("seq-cls",)
     needs = "a sequence-classification head (AutoModelForSequenceClassification)"
     auto_class = "AutoModelForSequenceClassification"
 
     def partials(self, model, tokenizer, examples, device, max_length, token_budget=TOKEN_BUDGET):
-        """``pred`` (argmax class) and ``target`` (the label's id in ``model.config.label2id``)."""
+        """``pred`` (argmax class), ``target`` (the label's id in ``model.config.label2id``) and ``margin`` (the
+        target's logit minus the largest other logit)."""
         target = label_ids(model.config, examples)
         texts, pairs = [e.text for e in examples], [e.text_pair for e in examples]
         kw = {"truncation": True, "max_length": max_length}
         enc = tokenizer(texts, pairs, **kw) if all(p is not None for p in pairs) else tokenizer(texts, **kw)
         pred = np.zeros(len(examples), np.int64)
+        margin = np.zeros(len(examples), np.float64)
         for idx, _, o in _batches(
             model, tokenizer, [encoded_features(enc, i) for i in range(len(examples))], device, token_budget
         ):
-            pred[idx] = o.logits.float().argmax(-1).cpu().numpy()
-        return {"pred": pred, "target": target}
+            logits = o.logits.float().cpu().numpy()
+            pred[idx] = logits.argmax(-1)
+            rows = np.arange(len(idx))
+            own = logits[rows, target[idx]]
+            logits[rows, target[idx]] = -np.inf
+            margin[idx] = own - logits.max(-1)
+        return {"pred": pred, "target": target, "margin": margin}
 
     def scores(self, partials, examples_meta):
-        return {"accuracy": (partials["pred"] == partials["target"]).astype(np.float64)}
+        out = {"accuracy": (partials["pred"] == partials["target"]).astype(np.float64)}
+        if "margin" in partials:
+            out["margin"] = np.asarray(partials["margin"], np.float64)
+        return out
 
 
 METRICS = {m.name: m for m in (SquadMetric, LMMetric, RetrievalMetric, AccuracyMetric)}

@@ -181,6 +181,14 @@ COMPARE_MAPS = ArraySpec(
     np.nan,
     "cosine and mean row Jensen-Shannon divergence of the job's map and the compared model's (NaN: statistics only)",
 )
+COMPARE_PAIR_MAPS = ArraySpec(
+    "compare_pair_maps",
+    ("compare_pair", "compare_example", "model_layer", "model_head", "map_measure"),
+    "float32",
+    "compare",
+    np.nan,
+    "cosine and divergence of the noise floor's other pairs of models (attribute pairs: their labels, a and b)",
+)
 COMPARE_MAP_HEADS = ArraySpec(
     "compare_map_heads",
     ("compared", "map_measure", "model_layer", "model_head", "bound"),
@@ -272,6 +280,7 @@ ARRAYS: dict[str, ArraySpec] = {
         COMPARE_MODEL,
         COMPARE_EXAMPLE,
         COMPARE_MAPS,
+        COMPARE_PAIR_MAPS,
         COMPARE_MAP_HEADS,
         COMPARE_MAP_LAYERS,
         COMPARE_STAT_HEADS,

@@ -230,3 +230,76 @@ def test_a_copy_with_one_heads_query_changed_ranks_that_head_first(tmp_path, tin
     assert top[0]["jsd"][1] > 0 and top[0]["cosine"][2] < 1  # its interval excludes no change
     for row in top[1:]:
         assert row["jsd"] == [0.0, 0.0, 0.0] and row["cosine"] == [1.0, 1.0, 1.0]
+
+
+def test_control_seeds_give_a_noise_floor_and_heads_called_changed_above_it(tmp_path, tiny_bert_dir):
+    """Three fine-tunes (training seeds 0, 1, 2) and a shuffled-label control: each its own folder, the split and the
+    data the same; the compare stage measures every pair the floor needs and calls heads changed above it."""
+    finetune = {**FINETUNE, "task": "classify", "control_seeds": [1, 2], "shuffled_labels": True, "trajectory": True}
+    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=finetune, compare=COMPARE, explain=FULL_REPORT)
+    summary = run_job(cfg)
+    ft = summary["finetune"]
+    models = cfg.run_dir / "models"
+    for label in ("finetuned", "finetuned-seed1", "finetuned-seed2", "finetuned-shuffled"):
+        assert (models / label / "metrics.json").is_file(), label
+        assert not (models / f"{label}-checkpoints").exists()
+    assert [c["label"] for c in ft["controls"]] == ["finetuned-seed1", "finetuned-seed2", "finetuned-shuffled"]
+    assert [c["seed"] for c in ft["controls"]] == [1, 2, 0] and ft["controls"][2]["shuffled"]
+    # another seed trains other weights on the same examples
+    from safetensors.torch import load_file
+
+    a = load_file(models / "finetuned" / "model.safetensors")
+    b = load_file(models / "finetuned-seed1" / "model.safetensors")
+    assert any(not torch_equal(a[k], b[k]) for k in a)
+    gain = ft["baseline"]["gain"]
+    assert gain["ci"][0] <= gain["mean"] <= gain["ci"][1] and gain["examples"] == ft["eval_examples"]
+    compare = summary["compare"]
+    assert [c["label"] for c in compare["compared"]] == [
+        "base",
+        "finetuned-seed1",
+        "finetuned-seed2",
+        "finetuned-shuffled",
+    ]
+    assert [c["control"] for c in compare["compared"]] == [False, True, True, True]
+    g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
+    pairs = g[S.COMPARE_PAIR_MAPS].attrs["pairs"]
+    # the job's comparisons hold (finetuned, x) for every x; the rest of the floor's pairs are computed here
+    assert sorted(map(tuple, pairs)) == sorted(
+        [
+            ("base", "finetuned-seed1"),
+            ("base", "finetuned-seed2"),
+            ("finetuned-seed1", "finetuned-seed2"),
+            ("base", "finetuned-shuffled"),
+            ("base", "step-2"),
+            ("step-2", "finetuned"),
+            ("base", "step-4"),
+            ("step-4", "finetuned"),
+        ]
+    )
+    assert g[S.COMPARE_PAIR_MAPS].shape == (8, 6, 2, 2, 2)
+    floor = compare["floor"]["jsd"]
+    assert floor["fine_tunes"] == ["finetuned", "finetuned-seed1", "finetuned-seed2"]
+    assert floor["n_heads"] == 4 and len(floor["layers"]) == 2
+    assert 0 <= floor["n_changed"] <= 4 and "control" in floor
+    # the floor's change for the job's fine-tune is the job's own comparison with the base, re-read
+    maps = g[S.COMPARE_MAPS][:]
+    per = floor["per_fine_tune"][0]["layers"]
+    np.testing.assert_allclose(per, maps[0, ..., 1].mean((0, 2)), rtol=1e-5)
+    # the trajectory: the steps kept at every checkpoint (save_steps 2 of 4), each against the base and the final
+    assert sorted(p.name for p in (models / "finetuned-steps").glob("step-*")) == ["step-2", "step-4"]
+    t = compare["trajectory"]
+    assert t["steps"] == [2, 4] and len(t["rows"]) == 2
+    # the last step is the final model: no divergence from it, and the base's divergence is the final one's
+    assert np.allclose(np.asarray(t["rows"][1]["to_final"]["heads"]), 0, atol=1e-6)
+    np.testing.assert_allclose(t["rows"][1]["to_base"]["heads"], t["final"], rtol=1e-5, atol=1e-7)
+    assert all(s in (2, 4, -1) for s in np.ravel(t["half_change_step"]))
+    html = (cfg.run_dir / "report" / "index.html").read_text()
+    assert "When the changes appear" in html
+    assert "Change against training noise" in html and "finetuned-seed2" in html and "beats it" in html
+    assert (cfg.run_dir / "report" / "compare_floor.png").is_file()
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))

@@ -90,3 +90,52 @@ def test_the_held_out_index_reads_only_held_out_groups_then_samples_them(tmp_pat
     sampled = held_out_index(JobConfig.model_validate(raw))
     assert len(sampled) == 4 and {ex.id for ex in sampled.read(range(4))} <= {ex.id for ex in evaluation}
     assert sampled.rows(0, 4).read() == sampled.read(range(4))  # what a worker reads from its task's rows
+
+
+def test_answerable_training_and_a_held_back_threshold_sample(tmp_path, tiny_bert_dir):
+    """train_questions: answerable drops the unanswerable training questions; threshold_examples holds back a
+    sample of the training groups (every kind of question) that training never sees; the held-out side is as
+    before."""
+    from helpers import make_job, write_squad
+
+    from rapids_attn.finetune.split import job_split
+    from rapids_attn.job import load_job
+
+    raw = make_job(tmp_path, tiny_bert_dir, write_squad(tmp_path / "squad.json"))
+    raw["data"] = {"path": str(tmp_path / "squad.json")}
+    plain = job_split(load_job(None, raw={**raw, "finetune": {"enabled": True, "max_length": 64, "doc_stride": 16}}))
+    raw["finetune"] = {
+        "enabled": True,
+        "max_length": 64,
+        "doc_stride": 16,
+        "train_questions": "answerable",
+        "threshold_examples": 3,
+    }
+    split = job_split(load_job(None, raw=raw))
+    assert split.evaluation == plain.evaluation
+    assert len(split.tune) == 3 and all(ex in plain.train for ex in split.tune)
+    assert not {ex.id for ex in split.tune} & {ex.id for ex in split.train}
+    assert split.train and all(ex.answers for ex in split.train)
+    assert {ex.id for ex in split.train} == {ex.id for ex in plain.train if ex.answers} - {ex.id for ex in split.tune}
+    train, evaluation = split  # the two sides, as before
+    assert train == split.train and evaluation == split.evaluation
+
+
+@pytest.mark.parametrize(
+    ("finetune", "message"),
+    [
+        ({"task": "classify", "threshold_examples": 5}, "settings of finetune.task: qa"),
+        ({"shuffled_labels": True}, "shuffled_labels is a control of finetune.task: classify"),
+        ({"seed": 3, "control_seeds": [1, 3]}, "must be distinct and differ from finetune.seed"),
+        ({"control_seeds": [1, 1]}, "must be distinct"),
+    ],
+)
+def test_control_and_recipe_settings_that_cannot_work_are_refused(tmp_path, tiny_bert_dir, finetune, message):
+    from helpers import make_job
+
+    from rapids_attn.errors import JobConfigError
+    from rapids_attn.job import load_job
+
+    raw = make_job(tmp_path, tiny_bert_dir, tmp_path / "x.jsonl", finetune={"enabled": True, **finetune})
+    with pytest.raises(JobConfigError, match=message):
+        load_job(None, raw=raw)

@@ -149,6 +149,27 @@ def test_span_decoding_matches_brute_force(tok):
     np.testing.assert_array_equal(again["start_char"][::-1], parts["start_char"])
 
 
+def test_gold_logprob_is_the_negative_qa_training_loss(tok):
+    """gold_logprob, per example in a padded batch of mixed lengths, equals minus HF's own QA loss (the mean of
+    start and end cross-entropy) of that example alone, with the gold tokens as labels ([CLS] for no answer)."""
+    model = tiny(BertForQuestionAnswering, tok)
+    metric = M.SquadMetric()
+    examples = squad_examples()[:2]
+    parts = metric.partials(model, tok, examples, "cpu", max_length=64)
+    scores = metric.scores(parts, examples)
+    assert metric.headline == "gold_logprob"
+    for i, ex in enumerate(examples):
+        enc = tok(ex.text, ex.text_pair, truncation="only_second", max_length=64, return_offsets_mapping=True)
+        words = [tok.decode([t]).strip() for t in enc["input_ids"]]
+        s = e = 0
+        if ex.answers:  # "mainz": one token
+            s = e = words.index("mainz")
+        inputs = {k: torch.tensor([enc[k]]) for k in ("input_ids", "token_type_ids", "attention_mask")}
+        with torch.inference_mode():
+            loss = model(**inputs, start_positions=torch.tensor([s]), end_positions=torch.tensor([e])).loss
+        assert scores["gold_logprob"][i] == pytest.approx(-float(loss), abs=1e-5)
+
+
 def test_checks_name_heads_metric_and_the_fix(tiny_bert_dir, tok):
     with pytest.raises(
         JobConfigError, match=r"heads.metric: squad needs a question-answering head.*BertModel.*retrieval"
@@ -330,9 +351,16 @@ def test_accuracy_against_label2id(tok):
     examples = [Example(f"e{i}", t, label=["yes", "No"][i % 2]) for i, t in enumerate(TEXTS)]
     parts = metric.partials(model, tok, examples, "cpu", 64)
     with torch.inference_mode():
-        ref = [model(**tok(t, return_tensors="pt")).logits.argmax(-1).item() for t in TEXTS]
+        logits = [model(**tok(t, return_tensors="pt")).logits[0] for t in TEXTS]
+    ref = [int(x.argmax()) for x in logits]
     np.testing.assert_array_equal(parts["pred"], ref)
-    np.testing.assert_array_equal(metric.scores(parts, examples)["accuracy"], np.equal(ref, [0, 1, 0]))
+    scores = metric.scores(parts, examples)
+    np.testing.assert_array_equal(scores["accuracy"], np.equal(ref, [0, 1, 0]))
+    # the margin: the label's logit minus the other's, above 0 exactly where the prediction is right
+    want = [float(x[t] - x[1 - t]) for x, t in zip(logits, [0, 1, 0], strict=True)]
+    np.testing.assert_allclose(scores["margin"], want, rtol=1e-5, atol=1e-6)
+    assert ((scores["margin"] > 0) == (scores["accuracy"] == 1)).all()
+    assert metric.headline == "margin"
     with pytest.raises(JobConfigError, match=r"label 'maybe' is not one of the model's labels \['no', 'yes'\]"):
         metric.partials(model, tok, [Example("x", "t", label="maybe")], "cpu", 64)
 
