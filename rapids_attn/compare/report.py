@@ -83,35 +83,33 @@ bound: what the spans are worth apart from the no-answer calibration).</p>{table
 
 
 def baseline_html(info: dict) -> str:
-    """The fine-tune (and each control) against the trivial baseline on the same held-out examples: the score and
-    the per-example gain with its interval."""
+    """The fine-tune (and each control) against the trivial baselines on the same held-out examples: each baseline's
+    score and the per-example gain over it with its interval."""
     runs = [{"label": "finetuned", "seed": info.get("seed"), "shuffled": False, **info}, *info.get("controls", [])]
     rows = []
     for r in runs:
         b = r.get("baseline") or {}
-        gain = b.get("gain") or {}
-        if not gain:
-            continue
-        score = (r.get("scores") or {}).get(b.get("score"))
-        if b.get("score") == "accuracy" and score is not None:
-            score = float(score)
-        ci = gain.get("ci") or [None, None]
-        beats = "yes" if ci[0] is not None and ci[0] > 0 else "no"
-        rows.append(
-            f"<tr><td>{esc(r['label'])}</td><td class=n>{num(r.get('seed'))}</td>"
-            f"<td>{'yes' if r.get('shuffled') else 'no'}</td><td class=n>{num(score)}</td>"
-            f"<td class=n>{num(b.get('value'))}</td><td class=n>{num(gain.get('mean'))} [{num(ci[0])}, {num(ci[1])}]"
-            f"</td><td>{beats}</td></tr>"
-        )
+        for base in (b, b.get("also") or {}):
+            gain = base.get("gain") or {}
+            if not gain:
+                continue
+            ci = gain.get("ci") or [None, None]
+            beats = "yes" if ci[0] is not None and ci[0] > 0 else "no"
+            rows.append(
+                f"<tr><td>{esc(r['label'])}</td><td class=n>{num(r.get('seed'))}</td>"
+                f"<td>{'yes' if r.get('shuffled') else 'no'}</td><td>{esc(base.get('name'))}</td>"
+                f"<td>{esc(base.get('questions', ''))}</td><td class=n>{num(base.get('value'))}</td>"
+                f"<td class=n>{num(gain.get('mean'))} [{num(ci[0])}, {num(ci[1])}]</td><td>{beats}</td></tr>"
+            )
     if not rows:
         return ""
     b = info.get("baseline") or {}
     return (
-        f"<p>Against the trivial baseline ({esc(b.get('name'))}) on the same held-out examples: the gain per example "
-        f"({esc(b.get('score'))}), with its {int(100 * (b.get('gain') or {}).get('level', 0.95))}% bootstrap interval "
-        "over the examples; a fine-tune beats the baseline where the interval lies above 0.</p><table><thead><tr>"
-        "<th>fine-tune</th><th class=n>training seed</th><th>labels shuffled</th><th class=n>score</th>"
-        "<th class=n>baseline</th><th class=n>gain [CI]</th><th>beats it</th></tr></thead>"
+        f"<p>Against trivial baselines on the same held-out examples: the gain per example ({esc(b.get('score'))}), "
+        f"with its {int(100 * (b.get('gain') or {}).get('level', 0.95))}% bootstrap interval over the examples; a "
+        "fine-tune beats a baseline where the interval lies above 0.</p><table><thead><tr>"
+        "<th>fine-tune</th><th class=n>training seed</th><th>labels shuffled</th><th>baseline</th><th>questions</th>"
+        "<th class=n>baseline's score</th><th class=n>gain [CI]</th><th>beats it</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 

@@ -178,6 +178,74 @@ def example_f1(examples: Sequence[Example], predictions: Sequence[str]) -> np.nd
     )
 
 
+#: words too common to tell sentences apart (the overlap baseline leaves them out)
+_COMMON = frozenset(
+    [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "was",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "when",
+        "where",
+        "why",
+        "how",
+        "did",
+        "does",
+        "do",
+        "a",
+        "an",
+        "that",
+        "this",
+        "for",
+        "on",
+        "by",
+        "with",
+        "as",
+        "at",
+        "from",
+        "are",
+        "were",
+        "be",
+        "been",
+        "it",
+        "its",
+        "his",
+        "her",
+        "their",
+        "they",
+        "he",
+        "she",
+        "or",
+        "not",
+    ]
+)
+
+
+def overlap_sentence_answers(examples: Sequence[Example]) -> list[str]:
+    """A trivial baseline that answers: for each question, the context sentence sharing the most words with it
+    (normalised as SQuAD's scorer does, common words left out; the first on ties). After the sliding-window
+    baseline of Rajpurkar et al. 2016, at the sentence."""
+    import re
+
+    from rapids_attn.heads.squad_eval import normalize_answer
+
+    out = []
+    for ex in examples:
+        words = set(normalize_answer(ex.text).split()) - _COMMON
+        sentences = [t for t in re.split(r"(?<=[.!?])\s+", ex.text_pair or "") if t.strip()] or [""]
+        shared = [len(words & set(normalize_answer(t).split())) for t in sentences]
+        out.append(sentences[int(np.argmax(shared))])
+    return out
+
+
 def squad_v2_scores(examples: Sequence[Example], predictions: Sequence[str]) -> dict:
     """SQuAD 2.0's official numbers, in percent: exact and F1 over every question with gold answers, and each
     over the answerable (HasAns) and unanswerable (NoAns) ones, with their counts."""

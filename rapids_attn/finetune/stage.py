@@ -263,6 +263,14 @@ class FinetuneStage(Stage):
                 raise JobConfigError("finetune.task: qa needs data.squad_unit: question (a question and its paragraph)")
         elif not cfg.data.label_field and ctx.data.format != "squad":
             raise JobConfigError("finetune.task: classify trains on labels; set data.label_field")
+        analysed = cfg.model.max_length or ctx.model.positions
+        if analysed and analysed > cfg.finetune.max_length:
+            print(
+                f"rapids_attn: finetune: the later stages read up to {analysed} tokens of a model trained on windows of "
+                f"{cfg.finetune.max_length}; set model.max_length: {cfg.finetune.max_length} to analyse it at the length "
+                "it was trained at",
+                file=sys.stderr,
+            )
         if cfg.finetune.max_length > (ctx.model.positions or cfg.finetune.max_length):
             raise JobConfigError(
                 f"finetune.max_length: {cfg.finetune.max_length} exceeds the model's {ctx.model.positions} positions; "
@@ -377,11 +385,30 @@ class FinetuneStage(Stage):
             baseline = {
                 "name": "no answer, always",
                 "score": "f1",
+                "questions": "every held-out question (SQuAD 2.0's rules)",
                 "value": no_answer["f1"],
                 "gain": paired_difference(
                     qa.example_f1(evaluation, predictions), qa.example_f1(evaluation, abstain), seed=run.seed
                 ),
             }
+            if f.train_questions == "answerable":  # the task it was trained on: answer, on the answerable questions
+                answerable = [ex for ex in evaluation if ex.answers]
+                forced = [scored["spans"][i] for i, ex in enumerate(evaluation) if ex.answers]
+                overlap = qa.overlap_sentence_answers(answerable)
+                mine, theirs = qa.example_f1(answerable, forced), qa.example_f1(answerable, overlap)
+                scores["answerable_forced"] = {
+                    "f1": float(mine.mean()),
+                    "exact": qa.squad_v2_scores(answerable, forced)["exact"],
+                    "total": len(answerable),
+                }
+                baseline = {
+                    "name": "the context sentence sharing the most words with the question",
+                    "score": "f1",
+                    "questions": "the held-out answerable questions, every one answered",
+                    "value": float(theirs.mean()),
+                    "gain": paired_difference(mine, theirs, seed=run.seed),
+                    "also": baseline,  # SQuAD 2.0's rules against abstaining
+                }
         else:
             from transformers import AutoModelForSequenceClassification
 

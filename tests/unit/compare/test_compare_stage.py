@@ -65,7 +65,9 @@ def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
     from transformers import AutoModelForQuestionAnswering
 
     # the heads stage on the fine-tune (its metric from the task: the folder does not exist in preflight)
-    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=FINETUNE, compare=COMPARE, heads=HEADS, explain=FULL_REPORT)
+    # SQuAD 1.1's recipe: answerable questions only, the no-answer threshold tuned on held-back training questions
+    finetune = {**FINETUNE, "train_questions": "answerable", "threshold_examples": 2}
+    cfg = _squad_job(tmp_path, tiny_bert_dir, finetune=finetune, compare=COMPARE, heads=HEADS, explain=FULL_REPORT)
     summary = run_job(cfg)
     folder = cfg.run_dir / "models" / "finetuned"
     AutoModelForQuestionAnswering.from_pretrained(folder)  # an ordinary HF folder
@@ -75,6 +77,10 @@ def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
     assert ft["scores"] == made["metrics"]
     assert {"exact", "f1", "HasAns_f1", "NoAns_f1"} <= set(ft["scores"]) and ft["prior_work"]["f1"] == 76.29
     assert ft["train_groups"] + ft["eval_groups"] == 4
+    assert ft["scores"]["threshold_from"] == 2 and "threshold_zero" in ft["scores"]
+    base = ft["baseline"]  # against the overlap sentence on the answerable questions, and against abstaining
+    assert base["name"].startswith("the context sentence") and base["also"]["name"] == "no answer, always"
+    assert base["gain"]["examples"] == ft["scores"]["answerable_forced"]["total"] > 0
     g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
     assert g.attrs["model"]["source"] == str(folder)
     # the later stages analysed the held-out articles only
@@ -293,6 +299,17 @@ def test_control_seeds_give_a_noise_floor_and_heads_called_changed_above_it(tmp_
     assert np.allclose(np.asarray(t["rows"][1]["to_final"]["heads"]), 0, atol=1e-6)
     np.testing.assert_allclose(t["rows"][1]["to_base"]["heads"], t["final"], rtol=1e-5, atol=1e-7)
     assert all(s in (2, 4, -1) for s in np.ravel(t["half_change_step"]))
+    # whether the statistics predict correctness: the tool reads this run (tiny: whatever it can measure)
+    import yaml
+
+    from tools.correctness import main as correctness
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert correctness([str(job)]) == 0
+    got = json.loads((cfg.run_dir / "correctness.json").read_text())
+    assert got["examples"] == g[S.EXAMPLE_ID].shape[0] and {"finetuned", "base"} <= set(got)
+    assert all("auc" in got[m]["stats"] or got[m]["not_measured"] for m in ("finetuned", "base"))
     html = (cfg.run_dir / "report" / "index.html").read_text()
     assert "When the changes appear" in html
     assert "Change against training noise" in html and "finetuned-seed2" in html and "beats it" in html

@@ -153,3 +153,22 @@ def test_the_best_threshold_follows_the_official_find_best_thresh():
     assert out == {"best_exact": 66.67, "best_exact_thresh": -1.0, "best_f1": 66.67, "best_f1_thresh": -1.0}
     nothing = best_threshold_scores(exs, ["Berlin", "x", "Oslo"], np.asarray([-1.0, 1.0, 2.0]))
     assert nothing["best_exact"] == 33.33 and nothing["best_exact_thresh"] == 0.0  # no answer beats it
+
+
+def test_the_overlap_baseline_answers_with_the_sentence_sharing_most_words():
+    from rapids_attn.data.example import Example
+    from rapids_attn.finetune.qa import example_f1, overlap_sentence_answers
+
+    context = "The press was built in Mainz. Gutenberg printed a Bible there! The ink was oil based."
+    examples = [
+        Example("a", "Which Bible did Gutenberg print?", context, answers=("a Bible",)),
+        Example("b", "What was the ink?", context, answers=("oil based",)),
+        Example("c", "Where was the press built?", context, answers=("Mainz",)),
+    ]
+    assert overlap_sentence_answers(examples) == [
+        "Gutenberg printed a Bible there!",
+        "The ink was oil based.",
+        "The press was built in Mainz.",
+    ]
+    f1 = example_f1(examples, overlap_sentence_answers(examples))
+    assert f1.shape == (3,) and (f1 > 0).all() and (f1 < 100).all()  # the answer inside a longer sentence
