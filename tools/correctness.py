@@ -42,7 +42,6 @@ def _store_examples(cfg, store):
 
 def finetune_right(cfg, examples) -> tuple[np.ndarray, str]:
     """(each example's 0/1 outcome for the fine-tune, what it means)."""
-    import torch
 
     from rapids_attn.extract.model import load_tokenizer
     from rapids_attn.finetune import classify, qa
@@ -51,7 +50,6 @@ def finetune_right(cfg, examples) -> tuple[np.ndarray, str]:
     folder = finetuned_folder(cfg.run_dir)
     made = json.loads((folder / "metrics.json").read_text())
     tokenizer = load_tokenizer(cfg.model.model_copy(update={"name": str(folder), "revision": None}))
-    torch.set_grad_enabled(False)
     if cfg.finetune.task == "qa":
         from transformers import AutoModelForQuestionAnswering
 
@@ -63,7 +61,8 @@ def finetune_right(cfg, examples) -> tuple[np.ndarray, str]:
             keep = [i for i, ex in enumerate(examples) if ex.answers]
             f1[keep] = qa.example_f1([examples[i] for i in keep], [scored["spans"][i] for i in keep])
             return np.where(np.isnan(f1), np.nan, f1 >= 50), "F1 >= 0.5 answering an answerable question"
-        threshold = float(made["result"]["scores"].get("threshold", 0.0))
+        threshold = made["result"]["scores"].get("threshold", 0.0)
+        threshold = -np.inf if threshold is None else float(threshold)  # None: the stage answered no question
         f1 = qa.example_f1(examples, qa.thresholded(scored["spans"], scored["margin"], threshold))
         return (f1 >= 50).astype(float), f"SQuAD 2.0 F1 >= 0.5 at no-answer threshold {threshold:.3f}"
     from transformers import AutoModelForSequenceClassification
@@ -99,6 +98,7 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
 
+    import torch
     import zarr
 
     from rapids_attn.compare.correctness import predicts_correct
@@ -125,7 +125,8 @@ def main(argv=None) -> int:
         ("finetuned", mine, lambda: finetune_right(cfg, examples)),
         ("base", base, lambda: base_right(cfg, examples, max_length)),
     ):
-        right, meaning = outcome()
+        with torch.inference_mode():  # not set_grad_enabled: a caller's autograd stays as it was
+            right, meaning = outcome()
         right = np.asarray(right, np.float64)
         on = np.flatnonzero(np.isfinite(right))  # the examples the outcome is defined on
         stats = store[S.STATS][: len(examples)].astype(np.float64)[on]

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from rapids_attn.stage import RunContext, Stage, StageResult
 
 #: under the run directory: the fine-tuned model's folder, and Trainer's checkpoints while it trains
@@ -371,11 +373,14 @@ class FinetuneStage(Stage):
             predictions = [scored["predictions"][ex.id] for ex in evaluation]
             if split.tune:  # the threshold that scores best on held-back training questions, applied as it is
                 tuned = qa.evaluate_qa(trainer.model, tokenizer, split.tune, w, f.eval_batch_size)["scores"]
-                threshold = float(tuned["best_f1_thresh"])
+                abstaining = qa.squad_v2_scores(split.tune, [""] * len(split.tune))["f1"]
+                # where no threshold beats abstaining on them, none is answered (the official search then
+                # reports threshold 0, which would answer wherever the span outscores no-answer)
+                threshold = float(tuned["best_f1_thresh"]) if tuned["best_f1"] > abstaining else float("-inf")
                 predictions = qa.thresholded(scored["spans"], scored["margin"], threshold)
                 scores = {
                     **qa.squad_v2_scores(evaluation, predictions),
-                    "threshold": threshold,
+                    "threshold": threshold if np.isfinite(threshold) else None,  # None: no question answered
                     "threshold_from": len(split.tune),
                     "threshold_zero": {k: scores[k] for k in ("exact", "f1", "HasAns_f1", "NoAns_f1")},
                     **{k: scores[k] for k in scores if k.startswith("best_")},
