@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rapids_attn.heads import metrics as M
+from rapids_attn.heads.squad_eval import gold_answer_tokens
 
 TEMPERATURE = 0.05
 
@@ -70,23 +71,10 @@ def _lm_losses(metric, model, tokenizer, examples, device, max_length) -> torch.
     return tok.sum(1) / (labels != -100).sum(1).clamp(min=1)
 
 
-def _answer_tokens(enc, row: int, span: tuple[int, int] | None) -> tuple[int, int]:
-    """Token (start, end) of the gold answer's characters ``span`` (:meth:`Example.answer_span`), else (0, 0):
-    [CLS] (no answer, or one cut off by truncation)."""
-    if span is None:
-        return 0, 0
-    c0, c1 = span
-    seq, offsets = enc.sequence_ids(row), enc["offset_mapping"][row]
-    toks = [t for t, s in enumerate(seq) if s == 1 and offsets[t][1] > c0 and offsets[t][0] < c1]
-    if toks and offsets[toks[0]][0] <= c0 and offsets[toks[-1]][1] >= c1:
-        return toks[0], toks[-1]
-    return 0, 0
-
-
 def _squad_losses(metric, model, tokenizer, examples, device, max_length) -> torch.Tensor:
     encoded = metric._encode(tokenizer, examples, max_length)
     features = [M.encoded_features(enc, r) for enc, r in encoded]
-    gold = [_answer_tokens(enc, r, ex.answer_span()) for (enc, r), ex in zip(encoded, examples, strict=True)]
+    gold = [gold_answer_tokens(enc, r, ex.answer_span()) for (enc, r), ex in zip(encoded, examples, strict=True)]
     batch = _padded(tokenizer, features, device)
     out = model(**M.forward_inputs(model, batch, device))
     start = torch.tensor([s for s, _ in gold], device=device)

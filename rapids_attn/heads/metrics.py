@@ -22,7 +22,7 @@ from rapids_attn.errors import JobConfigError, ModelError
 from rapids_attn.extract.batching import BatchCost, length_batches
 from rapids_attn.extract.model import one_line
 from rapids_attn.heads.kinds import auto_metric, head_kind, metric_for_kind  # noqa: F401 - auto_metric is this module's API
-from rapids_attn.heads.squad_eval import best_span, exact_score, f1_score, gold_answers
+from rapids_attn.heads.squad_eval import best_span, exact_score, f1_score, gold_answer_tokens, gold_answers
 
 TOKEN_BUDGET = 8192  # padded tokens per forward pass
 MAX_BATCH = 64
@@ -191,8 +191,6 @@ class SquadMetric(TaskMetric):
             "null_score": np.zeros(n, np.float64),
             "gold_logprob": np.full(n, np.nan, np.float64),
         }
-        from rapids_attn.heads.losses import _answer_tokens
-
         features = [encoded_features(enc, r) for enc, r in encoded]
         for idx, batch, o in _batches(model, tokenizer, features, device, token_budget):
             starts, ends = o.start_logits.float().cpu().numpy(), o.end_logits.float().cpu().numpy()
@@ -200,7 +198,7 @@ class SquadMetric(TaskMetric):
             for row, i in enumerate(idx):
                 enc, r = encoded[i]
                 if gold_answers(examples[i]) is not None:  # the gold tokens' log-probability ([CLS]: no answer)
-                    gs, ge = _answer_tokens(enc, r, examples[i].answer_span())
+                    gs, ge = gold_answer_tokens(enc, r, examples[i].answer_span())
                     t = int(lengths[row])
                     out["gold_logprob"][i] = 0.5 * (_log_softmax(starts[row, :t])[gs] + _log_softmax(ends[row, :t])[ge])
                 context = np.flatnonzero([s == 1 for s in enc.sequence_ids(r)])

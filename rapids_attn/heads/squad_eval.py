@@ -55,3 +55,16 @@ def best_span(start: np.ndarray, end: np.ndarray, context: np.ndarray, max_len: 
     total[~(np.triu(ones) & ~np.triu(ones, max_len))] = -np.inf
     i, j = np.unravel_index(int(np.argmax(total)), total.shape)
     return float(total[i, j]), c0 + int(i), c0 + int(j)
+
+
+def gold_answer_tokens(enc, row: int, span: tuple[int, int] | None) -> tuple[int, int]:
+    """Token (start, end) of the gold answer's characters ``span`` (:meth:`Example.answer_span`), else (0, 0):
+    [CLS] (no answer, or one cut off by truncation)."""
+    if span is None:
+        return 0, 0
+    c0, c1 = span
+    seq, offsets = enc.sequence_ids(row), enc["offset_mapping"][row]
+    toks = [t for t, s in enumerate(seq) if s == 1 and offsets[t][1] > c0 and offsets[t][0] < c1]
+    if toks and offsets[toks[0]][0] <= c0 and offsets[toks[-1]][1] >= c1:
+        return toks[0], toks[-1]
+    return 0, 0

@@ -18,6 +18,7 @@ from rapids_attn.data.example import Example
 from rapids_attn.heads import losses as L
 from rapids_attn.heads import metrics as M
 from rapids_attn.heads.hooks import HeadIntervention, head_sites
+from rapids_attn.heads.squad_eval import gold_answer_tokens
 
 CONTEXT = "The printing press was invented in the fifteenth century, in Mainz, by Johannes Gutenberg."
 EXAMPLES = [
@@ -95,12 +96,12 @@ def test_squad_gold_answer_tokens(tok):
     metric = M.metric_for("squad")
     encoded = metric._encode(tok, EXAMPLES, 64)
     enc, row = encoded[0]
-    s, e = L._answer_tokens(enc, row, EXAMPLES[0].answer_span())
+    s, e = gold_answer_tokens(enc, row, EXAMPLES[0].answer_span())
     ids = enc["input_ids"][row][s : e + 1]
     assert tok.decode(ids).strip().lower() == "mainz"
-    assert L._answer_tokens(enc, row, None) == (0, 0)  # unanswerable: [CLS]
+    assert gold_answer_tokens(enc, row, None) == (0, 0)  # unanswerable: [CLS]
     assert EXAMPLES[3].answer_span() is None  # "x" is nowhere in the context
-    assert L._answer_tokens(enc, row, (len(CONTEXT) + 5, len(CONTEXT) + 9)) == (0, 0)  # cut off: [CLS]
+    assert gold_answer_tokens(enc, row, (len(CONTEXT) + 5, len(CONTEXT) + 9)) == (0, 0)  # cut off: [CLS]
 
 
 def test_retrieval_importance_is_per_batch(tok):
