@@ -154,17 +154,23 @@ def shuffled(examples: list, seed: int) -> list:
 
 
 def paired_difference(mine, theirs, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
-    """The mean of ``mine - theirs`` (per example, paired) with a percentile bootstrap interval over the examples:
-    whether a fine-tune beats a baseline on the same held-out examples, and by how much."""
+    """The mean of ``mine - theirs`` (per example, paired) with a percentile bootstrap interval over the examples
+    (the compare stage's :func:`rapids_attn.compare.intervals.head_intervals`): whether a fine-tune beats a baseline
+    on the same held-out examples, and by how much."""
     import numpy as np
+
+    from rapids_attn.compare.intervals import head_intervals
 
     d = np.asarray(mine, dtype=np.float64) - np.asarray(theirs, dtype=np.float64)
     if d.size == 0:
         return {"mean": None, "ci": [None, None], "level": level, "examples": 0}
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return {"mean": float(d.mean()), "ci": [float(low), float(high)], "level": level, "examples": int(d.size)}
+    h = head_intervals(d.reshape(-1, 1, 1), level=level, n_resamples=resamples, seed=seed)
+    return {
+        "mean": float(h.mean[0, 0]),
+        "ci": [float(h.low[0, 0]), float(h.high[0, 0])],
+        "level": level,
+        "examples": int(d.size),
+    }
 
 
 def _read_json(path: Path):
