@@ -10,9 +10,10 @@ plus end logits), and the prediction is scored with SQuAD 2.0's official rules (
 HasAns and NoAns).
 
 Training is resumable: ``Trainer`` writes a checkpoint every ``save_steps`` steps (weights, optimizer,
-scheduler, RNG states), and :func:`train_qa` resumes from the last one it finds, so a run killed or interrupted
-ends with the weights an uninterrupted run gets. The finished model is written into a staging folder and
-moved into place whole (:func:`finish`): a folder that exists is complete.
+scheduler, RNG states), and :func:`train_qa` resumes from the newest complete one it finds (one cut while it
+was written is set aside: :mod:`rapids_attn.finetune.checkpoints`), so a run killed or interrupted ends with the
+weights an uninterrupted run gets. The finished model is written into a staging folder and moved into place whole
+(:func:`finish`): a folder that exists is complete.
 """
 
 from __future__ import annotations
@@ -314,10 +315,11 @@ def training_arguments(out: Path, s: TrainSettings, device: str):
 
 
 def last_checkpoint(out: Path) -> str | None:
-    """The newest complete ``checkpoint-N`` folder ``Trainer`` left in ``out``, or None."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """The newest complete ``checkpoint-N`` folder ``Trainer`` left in ``out``, or None; newer incomplete ones are
+    set aside, in one line each (:func:`rapids_attn.finetune.checkpoints.last_complete_checkpoint`)."""
+    from rapids_attn.finetune.checkpoints import last_complete_checkpoint
 
-    return get_last_checkpoint(str(out)) if out.is_dir() else None
+    return last_complete_checkpoint(out)
 
 
 def run_trainer(model, tokenizer, features: list[dict], s: TrainSettings, work: Path, device: str, callbacks=()):

@@ -7,8 +7,9 @@ side and scores the held-out ones (:mod:`rapids_attn.finetune.split`): SQuAD 2.0
 directory (weights, config, tokenizer, training arguments, ``metrics.json``), whole or not at all
 (:func:`rapids_attn.finetune.qa.finish`), and the pipeline gives the later stages that folder as ``model.name``
 (:func:`analysed_job`). ``Trainer`` checkpoints into ``models/finetune-checkpoints`` every ``save_steps``; a run
-interrupted (Ctrl-C, kill -9) resumes from the last one, and the checkpoints are removed once the folder is
-written. A folder already complete, made with the same settings over the same file, is kept and not trained again.
+interrupted (Ctrl-C, kill -9) resumes from the newest complete one (one cut mid-write is set aside as
+``incomplete-checkpoint-N`` and kept: :mod:`rapids_attn.finetune.checkpoints`), and the checkpoints are removed once
+the folder is written. A folder already complete, made with the same settings over the same file, is kept and not trained again.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rapids_attn.finetune import checkpoints
 from rapids_attn.stage import RunContext, Stage, StageResult
 
 #: under the run directory: the fine-tuned model's folder, and Trainer's checkpoints while it trains
@@ -352,8 +354,8 @@ class FinetuneStage(Stage):
         if folder.exists():  # made with other settings (or another file): trained again, from scratch
             shutil.rmtree(folder)
         resumed = qa.last_checkpoint(work) if _read_json(work / "made_from.json") == key else None
-        if resumed is None and work.exists():
-            shutil.rmtree(work)
+        if resumed is None:
+            checkpoints.clear(work)  # another job's (or none); a set-aside incomplete checkpoint is kept
         work.mkdir(parents=True, exist_ok=True)
         (work / "made_from.json").write_text(json.dumps(key))
         if resumed:
@@ -460,5 +462,5 @@ class FinetuneStage(Stage):
             seed=run.seed,
         )
         qa.finish(trainer, tokenizer, folder, scores, settings, w, {"made_from": key, "result": result.to_dict()})
-        shutil.rmtree(work, ignore_errors=True)
+        checkpoints.clear(work)
         return result
