@@ -1,7 +1,12 @@
 """Run by test_checkpoints.py in a process of its own: a tiny QA fine-tune (test_qa's model, examples and
-settings: 6 steps, a checkpoint every 2) that kill -9s itself at POINT of writing checkpoint-4.
+settings: 6 steps, a checkpoint every 2) that kill -9s itself at a POINT of writing checkpoint-4, then reruns.
 
-    python strike_checkpoint.py WORK POINT
+    python strike_checkpoint.py ROOT POINT [POINT ...]
+
+For each POINT, a child process (forked from this one, which imported torch and ran nothing, so every child
+starts alike) trains in ROOT/POINT/work and kill -9s itself at POINT; a second child reruns the same training to
+the end there (resuming), its output in ROOT/POINT/rerun.log and its final weights in ROOT/POINT/final.safetensors.
+ROOT/whole is one uninterrupted run. ROOT/results.json holds each child's exit status (-9: killed).
 
 POINT: before (the step is done, nothing of checkpoint-4 written), config (config.json written, no weights),
 weights (half of model.safetensors written), optimizer (half of optimizer.pt), state (every file but half of
@@ -12,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -39,7 +45,7 @@ def half_then_die(path, data: bytes):
     die()
 
 
-def main(work: str, point: str):
+def main(work: str, point: str, weights: str | None = None):
     import io
 
     import transformers.modeling_utils as mu
@@ -90,9 +96,48 @@ def main(work: str, point: str):
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_name("minilm-l6"))
     w = QAWindowing(max_length=64, doc_stride=32)
-    train_qa(_model(tokenizer), tokenizer, _examples(), w, SETTINGS, Path(work), "cpu", callbacks=[Strike()])
-    print("finished without the strike")
+    trainer = train_qa(_model(tokenizer), tokenizer, _examples(), w, SETTINGS, Path(work), "cpu", callbacks=[Strike()])
+    if weights:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items()}, weights)
+    print(f"finished at step {trainer.state.global_step}")
+
+
+def child(work: Path, point: str, weights: Path | None, log: Path) -> int:
+    """``main`` in a forked child, its output in ``log``: its exit status, or minus the signal that ended it."""
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        code = 0
+        try:
+            main(str(work), point, str(weights) if weights else None)
+        except BaseException:  # noqa: BLE001 - the child reports and exits; the parent reads its status
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def run_all(root: Path, points: list[str]) -> dict:
+    results = {}
+    whole = root / "whole"
+    whole.mkdir(parents=True)
+    results["whole"] = {"rerun": child(whole / "work", "none", whole / "final.safetensors", whole / "rerun.log")}
+    for point in points:
+        here = root / point
+        here.mkdir()
+        struck = child(here / "work", point, None, here / "strike.log")
+        rerun = child(here / "work", "none", here / "final.safetensors", here / "rerun.log")
+        results[point] = {"strike": struck, "rerun": rerun}
+    (root / "results.json").write_text(json.dumps(results))
+    return results
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    run_all(Path(sys.argv[1]), sys.argv[2:])
