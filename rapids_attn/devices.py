@@ -234,9 +234,57 @@ def one_worker_per_gpu(ids: dict[str, str | None]) -> list[str]:
     return sorted(first.values())
 
 
-def worker_gpu_id() -> str | None:
-    """The UUID of the GPU this process runs on (None without CUDA); run on each worker."""
+def mig_workers(ids: dict[str, str | None]) -> list[str]:
+    """The workers whose GPU is a MIG slice (named ``MIG-...`` by :func:`worker_gpu_id`). Slices of one card have
+    UUIDs of their own, so they count as distinct GPUs; but NCCL, which cuml.dask's spread fit runs on, does not run
+    across MIG slices: with any of them among the workers the fit is not spread
+    (:func:`rapids_attn.learn.fit.fit_store`)."""
+    return sorted(a for a, g in ids.items() if g and g.startswith("MIG-"))
+
+
+def nvidia_gpu_name(uuid: str, visible: str | None = None, nvml=None) -> str:
+    """NVIDIA's name for the GPU torch calls ``uuid`` (torch prints the bare 8-4-4-4-12 hex): ``MIG-<uuid>`` where
+    the process runs on a MIG slice, ``GPU-<uuid>`` on a whole GPU. A slice is known by ``visible``, the process's
+    CUDA_VISIBLE_DEVICES entry for its device (dask-cuda lists MIG devices as ``MIG-<uuid>``), naming one, or through
+    NVML (``nvml``: the pynvml module, None without it) by the UUID resolving to a MIG device or to a GPU in MIG mode.
+    Without either sign it is a whole GPU: a slice that neither shows is taken for one (docs/deployment.md, "The
+    first GPU run")."""
+    if uuid.startswith(("GPU-", "MIG-")):
+        return uuid
+    if (visible or "").strip().startswith("MIG-") or (nvml is not None and _nvml_says_mig(nvml, uuid)):
+        return f"MIG-{uuid}"
+    return f"GPU-{uuid}"
+
+
+def _nvml_says_mig(nvml, uuid: str) -> bool:
+    """Whether NVML knows ``uuid`` as a MIG device, or as a GPU in MIG mode (CUDA then runs on its slices only)."""
     try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML (no driver library): no answer
+        return False
+    try:
+        for name in (f"MIG-{uuid}", f"GPU-{uuid}"):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(name.encode())
+            except nvml.NVMLError:
+                continue
+            if nvml.nvmlDeviceIsMigDeviceHandle(handle):
+                return True
+            return bool(nvml.nvmlDeviceGetMigMode(handle)[0])  # (current, pending); NotSupported without MIG
+        return False
+    except Exception:  # noqa: BLE001 - a GPU without MIG support (NVMLError_NotSupported) or an older NVML
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def worker_gpu_id() -> str | None:
+    """NVIDIA's name of the GPU this process runs on (None without CUDA), ``GPU-<uuid>`` or, on a MIG slice,
+    ``MIG-<uuid>`` (:func:`nvidia_gpu_name`); run on each worker."""
+    try:
+        import os
+
         import torch
 
         if not torch.cuda.is_available():
@@ -244,13 +292,21 @@ def worker_gpu_id() -> str | None:
         i = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(i)
         uuid = getattr(props, "uuid", None)  # no index fallback: every dask-cuda worker sees its GPU as 0
-        return str(uuid) if uuid else None
+        if not uuid:
+            return None
+        entries = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        try:
+            import pynvml  # nvidia-ml-py, which dask-cuda depends on
+        except ImportError:
+            pynvml = None
+        return nvidia_gpu_name(str(uuid), entries[i] if i < len(entries) else None, pynvml)
     except Exception:  # noqa: BLE001 - a worker whose CUDA cannot answer has no GPU to give
         return None
 
 
 def gpu_ids(client) -> dict[str, str | None]:
-    """Each Dask worker's address -> the UUID of its GPU (None for a worker without one)."""
+    """Each Dask worker's address -> the name of its GPU, ``GPU-<uuid>`` or ``MIG-<uuid>`` (None for a worker
+    without one; :func:`worker_gpu_id`)."""
     if client is None:
         return {}
     try:

@@ -86,6 +86,10 @@ class EstimatorLibrary:
 
     @classmethod
     def umap(cls, n_components: int, n_neighbors: int, min_dist: float, metric: str, seed: int):
+        # the job's seed (runtime.seed) is always set, and a set random_state is a speed trade-off on both libraries:
+        # umap-learn then optimises on one thread, cuML 26.10 with its slower, more memory-hungry reproducible
+        # kernel. cuML still builds the KNN graph of more than 50,000 rows (reduce.fit_sample is 200,000 by
+        # default) with NN Descent, which its documentation says is not reproducible (docs/deployment.md)
         return cls.estimator_class("umap")(
             n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist, metric=metric, random_state=seed
         )
@@ -163,12 +167,6 @@ class CuML(EstimatorLibrary):
     @classmethod
     def pca(cls, n_components: int, seed: int):
         return cls.estimator_class("pca")(n_components=n_components)  # deterministic (full SVD): no seed
-
-    @classmethod
-    def hdbscan(cls, min_cluster_size: int, min_samples: int):
-        return cls.estimator_class("hdbscan")(
-            min_cluster_size=min_cluster_size, min_samples=min_samples, prediction_data=True
-        )
 
     @staticmethod
     def dask_pca(client, n_components: int):

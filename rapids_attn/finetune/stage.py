@@ -10,6 +10,13 @@ directory (weights, config, tokenizer, training arguments, ``metrics.json``), wh
 interrupted (Ctrl-C, kill -9) resumes from the newest complete one (one cut mid-write is set aside as
 ``incomplete-checkpoint-N`` and kept: :mod:`rapids_attn.finetune.checkpoints`), and the checkpoints are removed once
 the folder is written. A folder already complete, made with the same settings over the same file, is kept and not trained again.
+
+It trains in the job process, on its GPU 0 where the job runs on GPUs: the card whose pool worker 0 of a ``local-cuda``
+cluster then asks for (80% of it by default; a pool that cannot be had is a worker that fails to start). So each
+fine-tune's ``Trainer``, model and optimizer state are dropped and torch's cached GPU blocks given back
+(:func:`free_training_memory`) before the stage returns, and so before the pipeline starts the cluster. The job
+process keeps its CUDA context for its life (what it costs on the card is a check of docs/deployment.md's "The first
+GPU run").
 """
 
 from __future__ import annotations
@@ -58,6 +65,18 @@ def fine_tunes(cfg) -> list[FineTune]:
     if f.shuffled_labels:
         out.append(FineTune(f"{FINETUNED}-shuffled", f.seed, shuffled=True))
     return out
+
+
+def free_training_memory() -> None:
+    """What a fine-tune left in this process given back: ``Trainer``, the model, the optimizer and accelerate's
+    wrappers hold each other in reference cycles, which only the collector frees, and torch keeps freed GPU blocks
+    in its cache until told (:func:`rapids_attn.devices.empty_device_cache`: a no-op without CUDA)."""
+    import gc
+
+    from rapids_attn.devices import empty_device_cache
+
+    gc.collect()
+    empty_device_cache()
 
 
 def finetuned_folder(run_dir: Path, label: str = FINETUNED) -> Path:
@@ -302,6 +321,7 @@ class FinetuneStage(Stage):
                     flush=True,
                 )
             results.append(self._one(ctx, run, split))
+            free_training_memory()  # before the next fine-tune, and before the pipeline starts a cluster
         main = results[0]
         main.controls = [
             {

@@ -13,19 +13,21 @@ reduced space (noise stays noise). A density fit that leaves every map, or more 
 as noise still succeeds, with a one-line warning in the result's ``warnings`` (:func:`noise_warnings`),
 which the learn stage prints and the report shows. On a GPU the same code runs on cuML with CuPy blocks.
 
-With two or more GPU workers and a fit that cuml.dask can run (PCA then KMeans), the fit is spread
-over the GPUs instead (:class:`rapids_attn.learn.spread.SpreadFit`): each worker reads its share of the sample's store chunks
-itself, onto its own GPU (the job process reads no features), the parts stay there (persisted,
-assigned round-robin), cuml.dask fits PCA and KMeans on them, and every store chunk is then
-transformed, assigned and written by a worker. The figures of the single-process fit are kept: the
+With two or more GPU workers, none on a MIG slice (NCCL does not run across slices), and a fit that cuml.dask
+can run (PCA then KMeans), the fit is spread over the GPUs instead (:class:`rapids_attn.learn.spread.SpreadFit`):
+each worker reads its share of the sample's store chunks itself, onto its own GPU (the job process reads no
+features), the parts stay there (persisted, assigned round-robin), cuml.dask fits PCA and KMeans on them, and every
+store chunk is then transformed, assigned and written by a worker. The figures of the single-process fit are kept: the
 k sweep runs on one GPU worker over its seeded sample of the reduced maps (gathered from the parts),
-and the stability refits are cuml.dask KMeans fits of the whole spread sample with the next seeds.
-``summary.json`` records how many parts, workers and distinct GPUs (by UUID) held the fit's data.
+and the stability refits are cuml.dask KMeans fits of the whole spread sample with the next seeds. The job
+process drives cuml.dask, and holds a CUDA context and small fitted arrays on its first GPU
+(:mod:`rapids_attn.learn.spread` says which). ``summary.json`` records how many parts, workers and distinct GPUs
+(by UUID) held the fit's data.
 
 A single-GPU fit (cuML) of a run whose workers are up (a local-cuda cluster, or an external one with GPU
-workers) runs on one GPU worker (:func:`fit_worker`), not in the job process: the workers hold RMM pools
-of most of their GPU's memory (80% by default), so the job process would get what is left of GPU 0.
-The worker fits from its own pool and writes the store itself; ``fit_worker`` in the summary names it.
+workers) runs on one GPU worker (:func:`fit_worker`; the scheduler picks which), not in the job process: the
+workers hold RMM pools of most of their GPU's memory (80% by default), so the job process would get what is left
+of GPU 0. The worker fits from its own pool and writes the store itself; ``fit_worker`` in the summary names it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 import zarr
 
 from rapids_attn.backends import LearnBackend
-from rapids_attn.devices import gpu_ids, one_worker_per_gpu, supports_multi_gpu
+from rapids_attn.devices import gpu_ids, mig_workers, one_worker_per_gpu, supports_multi_gpu
 from rapids_attn.learn.estimator import MapClusterer
 from rapids_attn.learn.storeio import add_counts, blocks, output_arrays, read_sample, sample_maps, write_block
 from rapids_attn.store import schema as S
@@ -71,11 +73,14 @@ def noise_warnings(cluster, counts: dict[int, int], n_maps: int) -> list[str]:
 
 
 def fit_worker(backend: LearnBackend, client, ids: dict[str, str | None] | None = None) -> str | None:
-    """The worker a single-GPU fit runs on: the first with a GPU, when the fit is cuML's and the job has
-    workers (None: the fit runs in this process). The workers' RMM pools hold most of each GPU (80% by
-    default): a fit in the job process would get what is left of GPU 0, so it goes to a worker, which fits
-    from its pool. With no GPU among the workers (an external cluster of CPU workers) the fit stays here,
-    on this process's GPU, which no worker holds."""
+    """Whether a single-GPU fit goes to a worker: a GPU worker (the first by address of one per distinct GPU,
+    :func:`one_worker_per_gpu`) when the fit is cuML's and the job has workers; None: the fit runs in this
+    process. The workers' RMM pools hold most of each GPU (80% by default): a fit in the job process would get
+    what is left of GPU 0, so it goes to a worker, which fits from its pool. :func:`fit_store` offers the task
+    to every one of those GPU workers and the scheduler runs it on any one of them (not necessarily this
+    first), so that a worker that restarts does not strand it; summary.json's ``fit_worker`` names the one that
+    ran it. With no GPU among the workers (an external cluster of CPU workers) the fit stays here, on this
+    process's GPU, which no worker holds."""
     if not backend.gpu or client is None:
         return None
     workers = one_worker_per_gpu(gpu_ids(client) if ids is None else ids)
@@ -113,18 +118,22 @@ def fit_store(
 
     ``reduce`` and ``cluster`` are the job's ReduceConfig and ClusterConfig; any store with a
     ``features`` array works, with no job file. ``multi_gpu`` (from the device plan) spreads the
-    fit over the GPU workers of ``client`` with cuml.dask when at least two distinct GPUs joined
-    and the fit has a cuml.dask form; otherwise a cuML fit runs on one GPU worker of ``client``
-    (:func:`fit_worker`), and any other fit in this process. ``note`` is added to what is returned and kept."""
+    fit over the GPU workers of ``client`` with cuml.dask when at least two distinct GPUs joined, none of
+    them a MIG slice (:func:`rapids_attn.devices.mig_workers`), and the fit has a cuml.dask form; otherwise a
+    cuML fit runs on one GPU worker of ``client`` (:func:`fit_worker`), and any other fit in this process.
+    ``note`` is added to what is returned and kept."""
     ids = gpu_ids(client) if client is not None and (multi_gpu or backend.gpu) else {}
     gpu_workers = one_worker_per_gpu(ids)
     n_gpus = len(gpu_workers)
-    spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1
+    mig = mig_workers(ids)  # NCCL does not run across MIG slices: no spread fit with any among the workers
+    spread = multi_gpu and supports_multi_gpu(reduce, cluster) and n_gpus > 1 and not mig
     worker = None if spread else fit_worker(backend, client, ids)
     note = dict(note or {})
     if multi_gpu and not spread:
-        note["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus)
-    if worker is not None:  # the whole fit on a GPU worker, from its RMM pool (any, should the first one restart)
+        note["multi_gpu_skipped"] = _spread_skipped(reduce, cluster, n_gpus, len(mig))
+    # the whole fit on a GPU worker, from its RMM pool: offered to every GPU worker, the scheduler picks one (so a
+    # worker that restarts does not strand it); the worker records its own address as fit_worker
+    if worker is not None:
         args = (g.store, reduce, cluster, backend, seed, note)
         places = [worker, *(w for w in gpu_workers if w != worker)]
         return client.submit(_fit_store_on_worker, *args, workers=places, pure=False).result()
@@ -211,6 +220,13 @@ def fit_store(
     return info
 
 
-def _spread_skipped(reduce, cluster, n_gpus: int) -> str:
-    """Why a fit the device plan meant to spread over the GPUs was not."""
-    return f"{n_gpus} distinct GPU(s) among the workers" if supports_multi_gpu(reduce, cluster) else "no cuml.dask form"
+def _spread_skipped(reduce, cluster, n_gpus: int, n_mig: int = 0) -> str:
+    """Why a fit the device plan meant to spread over the GPUs was not (one line, printed by the learn stage)."""
+    if not supports_multi_gpu(reduce, cluster):
+        return "no cuml.dask form"
+    if n_mig and n_gpus > 1:
+        return (
+            f"{n_mig} worker(s) run on MIG slices, and NCCL (cuml.dask's fit) does not run across MIG slices: "
+            "fitted on one GPU worker"
+        )
+    return f"{n_gpus} distinct GPU(s) among the workers"

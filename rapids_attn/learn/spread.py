@@ -6,6 +6,15 @@ features), the parts stay there (persisted, assigned round-robin), cuml.dask fit
 every store chunk is then transformed, assigned and written by a worker. The figures of the single-process fit
 are kept: the k sweep runs on one GPU worker over its seeded sample of the reduced maps (gathered from the parts),
 and the stability refits are cuml.dask KMeans fits of the whole spread sample with the next seeds.
+
+The job process reads no features, but it is not free of the GPU: it drives cuml.dask, whose client code runs here.
+It makes CuPy arrays (the 0-row ``meta`` of the parts below, and cuml.dask's own for ``transform`` and ``predict``),
+cuml.dask's ``KMeans.fit`` pulls the first worker's fitted model here (its centroids, and labels of that worker's
+rows), and ``get_combined_model`` pulls the PCA's; :class:`MapClusterer` holds both and is scattered from here. So
+the job process holds a CUDA context and those arrays (kept in CuPy's memory pool once freed) on its first visible
+GPU (GPU 0, whose pool worker 0 holds) until it exits: small next to the 20% of the card the default pool leaves,
+but not nothing (read against cuML 26.10's ``cuml.dask``; measured on no GPU yet: docs/deployment.md, "The first
+GPU run").
 """
 
 from __future__ import annotations
@@ -159,7 +168,7 @@ class SpreadFit:
             sel = pos[(pos >= lo) & (pos < hi)] - lo
             if len(sel):
                 picks.append(self.client.submit(take, fut, sel, pure=False))
-        # scored on the first GPU worker (its pool), not here: the job process allocates nothing on the GPU
+        # scored on the first GPU worker (its pool), not here: the job process holds only what the module says
         args = (self.model, picks, sample, self.seed)
         return self.client.submit(silhouette_on_worker, *args, workers=self.workers[:1], pure=False).result()
 

@@ -152,6 +152,8 @@ class LearnStage(Stage):
                 multi_gpu=ctx.devices.multi_gpu_learn,
             )
         consolidate(ctx.store_path)
+        if info.get("multi_gpu_skipped"):  # the device plan meant to spread the fit over the GPUs: one line why not
+            print(f"rapids_attn: learn: not spread over the GPUs: {info['multi_gpu_skipped']}", file=sys.stderr)
         for w in info.get("warnings", []):  # e.g. HDBSCAN left every map as noise (fit.noise_warnings)
             print(f"warning: {w}", file=sys.stderr)
         return LearnResult(info=info)

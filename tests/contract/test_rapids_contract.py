@@ -100,8 +100,8 @@ def test_every_single_gpu_estimator_constructs(method, umap):
         assert (clusterer.n_clusters, clusterer.random_state) == (k or 8, 7)
         for k_try in range(cluster.k_sweep[0], cluster.k_sweep[1] + 1) if cluster.k_sweep else ():
             assert isinstance(GPU.kmeans(k_try, 7), cuml.cluster.KMeans)
-    if cluster.method == "hdbscan":
-        assert clusterer.prediction_data is True
+    if cluster.method == "hdbscan":  # nothing predicts with it: maps outside the sample take a neighbour's label
+        assert clusterer.prediction_data is False
     assert isinstance(GPU.nearest_neighbors(), cuml.neighbors.NearestNeighbors)  # density methods' assignment
 
 
@@ -246,3 +246,34 @@ def test_the_spread_fit_calls_bind_to_cuml_dask():
     for cls in (cuml.dask.cluster.KMeans, cuml.dask.decomposition.PCA):
         assert callable(getattr(cls, "get_combined_model", None)), cls
     assert hasattr(cuml.cluster.KMeans(n_clusters=3), "n_clusters")  # the stability refits' k, off the combined model
+
+
+def test_the_mig_check_calls_bind_to_nvml():
+    """A worker on a MIG slice is told apart through NVML (``devices.nvidia_gpu_name``, issue 47): the calls exist in
+    the nvidia-ml-py dask-cuda brings, and without a driver (here) the check answers "whole GPU", not an error."""
+    import pynvml
+
+    for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetHandleByUUID", "nvmlDeviceIsMigDeviceHandle"):
+        assert callable(getattr(pynvml, name)), name
+    assert callable(pynvml.nvmlDeviceGetMigMode) and issubclass(pynvml.NVMLError, Exception)
+    assert devices.nvidia_gpu_name("0aa5d7b3-1111-2222-3333-444455556666", "0", pynvml).startswith("GPU-")
+    assert devices.nvidia_gpu_name("0aa5d7b3-1111-2222-3333-444455556666", "MIG-0aa5", pynvml).startswith("MIG-")
+
+
+def test_what_the_docs_say_of_cuml_holds_in_the_wheel():
+    """docs/deployment.md ("The first GPU run") states three things of cuML 26.10 that no CPU test can run; they are
+    read off the wheel here, so a release that changes them fails this test before the docs go stale:
+
+    - cuml.dask's ``KMeans.fit`` pulls the first worker's fitted model into the calling (job) process;
+    - UMAP's ``build_algo`` is ``auto``, which builds the KNN graph with NN Descent above 50K rows, and a set
+      ``random_state`` costs training speed and memory;
+    - HDBSCAN keeps no prediction data unless asked (the project does not ask: nothing predicts with it)."""
+    import cuml.dask.cluster
+
+    assert "kmeans_fit[0].result()" in inspect.getsource(cuml.dask.cluster.KMeans.fit)
+    umap_params = inspect.signature(cuml.manifold.UMAP).parameters
+    assert umap_params["build_algo"].default == "auto"
+    doc = " ".join(cuml.manifold.UMAP.__doc__.split())
+    assert "smaller than or equal to 50K. Otherwise, runs with nn descent" in doc
+    assert "at the cost of slower training and increased memory usage" in doc
+    assert inspect.signature(cuml.cluster.HDBSCAN).parameters["prediction_data"].default is False

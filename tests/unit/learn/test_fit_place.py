@@ -23,7 +23,9 @@ GPU = SimpleNamespace(gpu=True)
 CPU = SimpleNamespace(gpu=False)
 
 
-def test_a_gpu_fit_goes_to_the_first_gpu_worker():
+def test_a_gpu_fit_goes_to_a_gpu_worker():
+    """fit_worker names the first GPU worker; fit_store offers the fit to every GPU worker and the scheduler picks
+    (tests/unit/test_gpu_hazards.py)."""
     ids = {"tcp://b:1": "GPU-2", "tcp://a:1": "GPU-1", "tcp://c:1": None}
     client = object()
     assert fit_worker(GPU, client, ids) == "tcp://a:1"
