@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             names.insert(2, "head_classes.json")
         print("outputs: " + ", ".join(f"{cfg.run_dir}/{n}" for n in names))
         if summary.get("report"):
-            print(f"report:  {summary['report']}  (open it in a browser; no server needed)")
+            print(f"report:  {cfg.run_dir / summary['report']}  (open it in a browser; no server needed)")
     else:
         print(f"done in {took:.1f}s: stages {','.join(stages)}")
         print(json.dumps({k: v for k, v in summary.items() if k != "stages"}, default=str)[:2000])

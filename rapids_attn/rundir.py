@@ -374,3 +374,56 @@ def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+# -- how the outputs a user shares name paths (issue 47) ----------------------------------------------------------
+#
+# summary.json, head_classes.json, the report folder and correctness.json are made to be passed around; an absolute
+# path there names the user's home folder and the machine's layout. They name a path inside the run directory
+# relative to it, and a file or folder elsewhere (the data file, a model folder) by its name alone: the absolute
+# path would mean nothing on the reader's machine, and the data's fingerprint (summary.json's data.fingerprint) says
+# which file it was. What later runs read back keeps the absolute path: the store's attributes (the compared
+# stores, the fine-tuned folder), each fine-tuned folder's metrics.json (made_from), job.yaml.
+
+
+def shared_path(path, run_dir: Path) -> str | None:
+    """``path`` as an output a user shares names it: relative to ``run_dir`` where it lies inside it ("." for the run
+    directory itself), else its name alone where it is absolute; a relative path (as the user wrote it), a hub id
+    or a preset name as it is. None stays None."""
+    if path is None:
+        return None
+    text = str(path)
+    p = Path(text).expanduser()
+    if not p.is_absolute():
+        return text
+    run_dir = Path(run_dir)
+    for base, q in ((run_dir.absolute(), p), (run_dir.resolve(), p.resolve())):  # as written, then through links
+        try:
+            return q.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return p.name or text
+
+
+def shared_paths(obj, run_dir: Path):
+    """A copy of ``obj`` (a summary: dicts, lists, strings, numbers) with every string that is an absolute path
+    through :func:`shared_path`."""
+    if isinstance(obj, dict):
+        return {k: shared_paths(v, run_dir) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [shared_paths(v, run_dir) for v in obj]
+    if isinstance(obj, str) and obj.startswith(("/", "~")) and "\n" not in obj:
+        return shared_path(obj, run_dir)
+    return obj
+
+
+def shared_model(meta: dict, run_dir: Path) -> dict:
+    """The store's model description (name, source, type, ...) as the shared outputs show it: the name through
+    :func:`shared_path`; the source (the folder it was loaded from) too where the name is a local folder, else the
+    name (a preset's source is a folder inside the installed package; a hub id's is the id)."""
+    out = dict(meta)
+    name = meta.get("name")
+    out["name"] = shared_path(name, run_dir)
+    local = name is None or Path(str(name)).expanduser().is_absolute()
+    out["source"] = shared_path(meta.get("source"), run_dir) if local else out["name"]
+    return out

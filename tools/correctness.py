@@ -120,7 +120,10 @@ def main(argv=None) -> int:
         return 2
     groups = np.asarray([ex.group for ex in examples])
     max_length = int(cfg.model.max_length or cfg.finetune.max_length)
-    out = {"job": str(args.job), "examples": len(examples), "groups": len(set(groups.tolist()))}
+    from rapids_attn.rundir import shared_path
+
+    # correctness.json is shared: the job file by its name where it was given by an absolute path (issue 47)
+    out = {"job": shared_path(args.job, cfg.run_dir), "examples": len(examples), "groups": len(set(groups.tolist()))}
     for label, store, outcome in (
         ("finetuned", mine, lambda: finetune_right(cfg, examples)),
         ("base", base, lambda: base_right(cfg, examples, max_length)),

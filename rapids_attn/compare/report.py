@@ -146,7 +146,11 @@ class CompareSection(ReportSection):
                 **causal_check(floor, cost, h.get("cost_ci")),
             }
         summary["compare"] = info
-        return {"info": info, "g": g}
+        from rapids_attn.rundir import shared_paths
+
+        # the figures open the compared stores at the absolute paths the store keeps; the page names them as
+        # summary.json does, relative to the run directory (the explain stage's summary holds it while it runs)
+        return {"info": info, "g": g, "shown": shared_paths(info, summary.get("run_dir") or ".")}
 
     def figures(self, out_dir, state: dict | None) -> list[str]:
         if not state:
@@ -295,7 +299,7 @@ class CompareSection(ReportSection):
     def html(self, state: dict | None, figures: list[str]) -> str:
         if not state:
             return ""
-        info = state["info"]
+        info = state.get("shown") or state["info"]
         parts = [
             f"""
 <section id="compare"><h2>What changed between models</h2>

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from rapids_attn import __version__
 from rapids_attn.devices import machine_description
+from rapids_attn.rundir import shared_model, shared_path
 from rapids_attn.store import schema as S
 from rapids_attn.store.schema import Attr, read_strings
 
@@ -117,10 +118,12 @@ def build_summary(ctx, g, n_maps: int, data: dict, embed_name: str) -> dict:
     return {
         "rapids_attn_version": __version__,
         "job": ctx.job_name,
+        # absolute while the explain stage runs (its report sections read it); the summary it returns names it "."
+        # (rapids_attn.rundir.shared_paths), as it names every path inside the run directory
         "run_dir": str(ctx.run_dir),
-        "model": dict(g.attrs.get(Attr.MODEL, {})),
+        "model": shared_model(dict(g.attrs.get(Attr.MODEL, {})), ctx.run_dir),
         "data": {
-            "path": str(data.get("path")),
+            "path": shared_path(data.get("path"), ctx.run_dir),  # its name, where it lies outside the run directory
             "format": data.get("format"),
             "fingerprint": getattr(ctx.data, "fingerprint", ""),  # the content hash in the extraction key
         },

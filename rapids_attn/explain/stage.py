@@ -19,7 +19,8 @@ from rapids_attn.store import schema as S
 
 @dataclass
 class ExplainResult(StageResult):
-    #: the body of summary.json (counts, backend, clusters with their descriptions, heads, metadata, ...)
+    #: the body of summary.json (counts, backend, clusters with their descriptions, heads, metadata, ...); its paths
+    #: relative to the run directory (rapids_attn.rundir.shared_paths)
     summary: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -117,7 +118,11 @@ class ExplainStage(Stage):
                 print(f"warning: {w}", file=sys.stderr)
         if self.explain_cfg.report:
             summary["report"] = str(self._report(ctx, summary, findings, arrays))
-        return ExplainResult(summary=summary)
+        from rapids_attn.rundir import shared_paths
+
+        # summary.json is shared: it names the run directory ".", the paths in it relative to it, and a model
+        # folder or file elsewhere by its name (issue 47); the store keeps the absolute ones later runs read back
+        return ExplainResult(summary=shared_paths(summary, ctx.run_dir))
 
     def _report(self, ctx: RunContext, summary: dict, findings, arrays):
         from rapids_attn.explain.findings import ClusteringOverview, RunOverview

@@ -341,6 +341,7 @@ class FinetuneStage(Stage):
 
         from rapids_attn.extract.model import load_config, load_tokenizer
         from rapids_attn.finetune import classify, qa
+        from rapids_attn.finetune.taskhead import load_for_task
 
         cfg, f = self.cfg, self.cfg.finetune
         folder = finetuned_folder(ctx.run_dir, run.label)
@@ -394,7 +395,7 @@ class FinetuneStage(Stage):
             from transformers import AutoModelForQuestionAnswering
 
             w = qa.QAWindowing(max_length=f.max_length, doc_stride=f.doc_stride)
-            model = AutoModelForQuestionAnswering.from_pretrained(source, **common)
+            model = load_for_task(AutoModelForQuestionAnswering, source, **common)  # our line, not the load report
             trainer = qa.train_qa(model, tokenizer, train, w, settings, work, device, callbacks)
             scored = qa.evaluate_qa(trainer.model, tokenizer, evaluation, w, f.eval_batch_size)
             scores = scored["scores"]
@@ -447,7 +448,7 @@ class FinetuneStage(Stage):
 
             w, no_answer = None, {}
             names = classify.label_names(train)
-            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=len(names), **common)
+            model = load_for_task(AutoModelForSequenceClassification, source, num_labels=len(names), **common)
             trainer = classify.train_classifier(
                 model, tokenizer, train, names, f.max_length, settings, work, device, callbacks
             )

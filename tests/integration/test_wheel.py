@@ -25,6 +25,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import REPO
 
 #: what a job may take from the package: presets, the quickstart data, the pattern CNN's weights
@@ -195,8 +196,10 @@ def test_quickstart_job_copied_anywhere_runs_on_the_wheel(installed, tmp_path):
         summary["explorer"]["maps"] == 3312
         and "Jensen-Shannon distance, MDS" in (run / "report/explorer.html").read_text()
     )
-    # the data came from inside the installed package, through the data/quickstart preset
-    data = Path(summary["data"]["path"])
+    # the data came from inside the installed package, through the data/quickstart preset: the run's job.yaml keeps
+    # where it was read; summary.json, which is shared, names the file alone (issue 47)
+    assert summary["data"]["path"] == "quickstart.json"
+    data = Path(yaml.safe_load((run / "job.yaml").read_text())["data"]["path"])
     assert data.name == "quickstart.json" and data.is_relative_to(installed.root.resolve()), data
     # the README's snippet reads the outputs
     snippet = (
@@ -250,7 +253,9 @@ def test_job_extends_builtin_presets_and_its_own_configs_folder(installed, tmp_p
     for out in ("maps.parquet", "summary.json", "store.zarr/zarr.json", "report/index.html"):
         assert (run / out).is_file(), out
     summary = json.loads((run / "summary.json").read_text())
-    assert Path(summary["data"]["path"]) == (project / "data" / "questions.json").resolve()
+    job = yaml.safe_load((run / "job.yaml").read_text())
+    assert Path(job["data"]["path"]) == (project / "data" / "questions.json").resolve()
+    assert summary["data"]["path"] == "questions.json"  # summary.json is shared: the file's name alone
     assert summary["clusters"]["n_clusters"] == 3  # from the job-local preset
     import zarr
 
