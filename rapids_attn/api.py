@@ -108,6 +108,24 @@ def _whole(value, name: str, low: int, high: int | None = None) -> int:
     return int(value)
 
 
+def _job_bounds(section, field: str) -> tuple[int, int | None]:
+    """(lowest, highest or None) of a job section's whole-number ``field``, read from its own ``Field(ge=..., le=...)``
+    (gt/lt as the whole numbers inside them): an argument the job also takes has the job's bounds, never its own."""
+    low, high = None, None
+    for m in section.model_fields[field].metadata:
+        if getattr(m, "ge", None) is not None:
+            low = int(m.ge)
+        if getattr(m, "gt", None) is not None:
+            low = int(m.gt) + 1
+        if getattr(m, "le", None) is not None:
+            high = int(m.le)
+        if getattr(m, "lt", None) is not None:
+            high = int(m.lt) - 1
+    if low is None:
+        raise AssertionError(f"{section.__name__}.{field} has no lower bound")  # a schema change: fix _job_bounds
+    return low, high
+
+
 def _flag(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(f"{name}: must be True or False; got {_kind(value)}")
@@ -389,20 +407,21 @@ def analyse_maps(
     (bfloat16); the padding is never read. ``lengths``: one whole number in 1..T per example (ints, NumPy or torch
     integers; 4.7 is refused, not rounded). ``sep``, ``punct``: [batch, T] bools (or integers 0 and 1);
     ``token_ids``: [batch, T] integers. ``causal``: None, True or False. ``image_size``: a whole number in
-    1..512. ``device``: ``cpu``, or a CUDA device this machine has. ``embedder`` and ``embed_settings``: the
-    job's ``embed`` rules."""
+    4..512 (``extract.image_size``'s bounds, read from the job's schema). ``device``: ``cpu``, or a CUDA device this
+    machine has. ``embedder`` and ``embed_settings``: the job's ``embed`` rules."""
     from pydantic import ValidationError
 
     from rapids_attn.embed import build_embedder
+    from rapids_attn.embed.registry import embedder_names
     from rapids_attn.errors import JobConfigError
-    from rapids_attn.job import EmbedConfig
+    from rapids_attn.job import EmbedConfig, ExtractConfig
 
     if causal is not None:
         causal = _flag(causal, "causal")
-    image_size = _whole(image_size, "image_size", 1, 512)
+    image_size = _whole(image_size, "image_size", *_job_bounds(ExtractConfig, "image_size"))
     if not isinstance(embedder, str) or not embedder or len(embedder) > _SHOW:
         kind = ArgumentError if isinstance(embedder, str) else ArgumentTypeError
-        raise kind(f"embedder: must be a name (pattern-cnn, pooled, resnet18 ...); got {_kind(embedder)}")
+        raise kind(f"embedder: must be a name: {embedder_names()}; got {_kind(embedder)}")
     if "name" in embed_settings:
         raise ArgumentError("name: analyse_maps takes the embedder's name as embedder=..., not name=...")
     try:
@@ -491,7 +510,7 @@ def cluster_features(
         if isinstance(n_clusters, str):
             raise ArgumentError(f"n_clusters: must be a whole number >= 2 or 'auto'; got {_show(n_clusters)}")
         n_clusters = _whole(n_clusters, "n_clusters", 2)
-    pca_components = _whole(pca_components, "pca_components", 2)
+    pca_components = _whole(pca_components, "pca_components", *_job_bounds(ReduceConfig, "pca_components"))
     umap = _flag(umap, "umap")
     seed = _whole(seed, "seed", 0, _MAX_SEED)
     backend = _choice(backend, "backend", _BACKENDS)

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import reprlib
+import string
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -657,8 +658,15 @@ class CompareConfig(Section):
     @field_validator("models")
     @classmethod
     def _distinct_models(cls, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value) or any(not str(v).strip() for v in value):
-            raise ValueError("must name distinct models, each once (a folder, a hub id or a preset)")
+        """Each entry names a model, and a model once. The message names the entry (``compare.models[1]: ...``),
+        which the job loader shows in place of the field. The same model written two ways (``./m``, ``m/``), and
+        the job's own model, are refused in preflight (rapids_attn.compare.stage.check_compared_names)."""
+        for i, v in enumerate(value):
+            if not str(v).strip():
+                raise ValueError(f"compare.models[{i}]: is empty; name a model (a folder, a hub id or a preset)")
+            if v in value[:i]:
+                j = value.index(v)
+                raise ValueError(f"compare.models[{i}]: {show(v)} is compare.models[{j}] again; list each model once")
         return value
 
 
@@ -742,12 +750,21 @@ class OutputConfig(Section):
     @field_validator("dir")
     @classmethod
     def _only_name_field(cls, value: Path) -> Path:
+        """Only the plain placeholder ``{name}``: no other field, and no attribute, index, conversion or format
+        spec on it (``{name.__class__}``, ``{name[0]}``, ``{name!r}``, ``{name:>9}``), which ``str.format`` would
+        follow into the string's own attributes."""
+        fix = (
+            "only {name} may be written in braces (no attribute, index, conversion or format spec); double a literal "
+            "brace: {{ }}"
+        )
         try:
-            str(value).format(name="job")
-        except (KeyError, IndexError, ValueError, AttributeError) as e:
-            raise ValueError(
-                f"only {{name}} may be written in braces (not {clip(e)}); double a literal brace: {{{{ }}}}"
-            ) from None
+            parts = list(string.Formatter().parse(str(value)))
+        except ValueError as e:  # a lone brace
+            raise ValueError(f"{clip(e)}; {fix}") from None
+        for _, field, spec, conversion in parts:
+            if field is not None and (field != "name" or spec or conversion):
+                written = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                raise ValueError(f"{clip(written)} is not a placeholder; {fix}")
         return value
 
 
@@ -795,26 +812,33 @@ class JobConfig(Section):
         over an edited file are a different store, never reused and never mixed into a resume. ``shard_size``
         is the store's resolved examples per shard (its layout's): ``extract.shard_size: auto`` and the number
         it resolves to give one key, the key a store made with that number has (before ``auto`` existed, 128)."""
-        d = self.to_dict()
-        if shard_size is not None:
-            d["extract"]["shard_size"] = int(shard_size)
-        keep = {k: d[k] for k in ("data", "model", "extract", "embed", "store")}
-        keep["data_content"] = data_fingerprint
-        if d["finetune"]["enabled"]:  # the store holds the fine-tune's maps, over the held-out examples
-            # the analysed fine-tune's settings; its controls (other seeds, shuffled labels) are other models
-            keep["finetune"] = {k: v for k, v in d["finetune"].items() if k not in CONTROL_SETTINGS}
-        # where and in which batches maps are computed does not change them (tested: batch invariance)
-        keep["extract"] = {
-            k: v
-            for k, v in keep["extract"].items()
-            if k not in ("device", "token_budget", "attention_budget", "max_batch_size", "kernel", "kernel_precision")
-        }
-        # nor does which implementation gives the blocked capture's model output, nor the size of its blocks of rows
-        # (the same maps within 1e-5, tests/unit/extract/test_blocked.py): the key holds the values every store was
-        # made with before issue 34 changed the default base, so those stores still match an unchanged job
-        keep["extract"].update(attention_base="sdpa", attention_block_mb=64)
-        keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
+        keep = extraction_settings(self.to_dict(), data_fingerprint, shard_size)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def extraction_settings(job: dict, data_fingerprint: str = "", shard_size: int | None = None) -> dict:
+    """What :meth:`JobConfig.extraction_key` hashes, from a job as :meth:`JobConfig.to_dict` writes it (the store
+    keeps that dict, so the settings a store was made with can be set beside a job's to name what changed)."""
+    d = json.loads(json.dumps(job))  # a copy: the caller's dict is left as it is
+    if shard_size is not None:
+        d["extract"]["shard_size"] = int(shard_size)
+    keep = {k: d.get(k, {}) for k in ("data", "model", "extract", "embed", "store")}
+    keep["data_content"] = data_fingerprint
+    if d.get("finetune", {}).get("enabled"):  # the store holds the fine-tune's maps, over the held-out examples
+        # the analysed fine-tune's settings; its controls (other seeds, shuffled labels) are other models
+        keep["finetune"] = {k: v for k, v in d["finetune"].items() if k not in CONTROL_SETTINGS}
+    # where and in which batches maps are computed does not change them (tested: batch invariance)
+    keep["extract"] = {
+        k: v
+        for k, v in keep["extract"].items()
+        if k not in ("device", "token_budget", "attention_budget", "max_batch_size", "kernel", "kernel_precision")
+    }
+    # nor does which implementation gives the blocked capture's model output, nor the size of its blocks of rows
+    # (the same maps within 1e-5, tests/unit/extract/test_blocked.py): the key holds the values every store was
+    # made with before issue 34 changed the default base, so those stores still match an unchanged job
+    keep["extract"].update(attention_base="sdpa", attention_block_mb=64)
+    keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
+    return keep
 
 
 # ----------------------------------------------------------------------------------------------

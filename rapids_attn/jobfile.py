@@ -422,6 +422,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     if e["type"] == "missing":
         return f"{source}: {field}: required but missing; add it to the job or pass --set {field}=...{more}"
     msg = clip(e["msg"].removeprefix("Value error, "), 4 * MAX_QUOTED)
+    if msg.startswith(f"{field}["):  # a validator that names the entry at fault (compare.models[1]: ...)
+        return f"{source}: {msg}{more}"
     given = e.get("input")
     shown = f" (got {show(given)})" if given is not None and not isinstance(given, dict) else ""
     return f"{source}: {field}: {msg}{shown}{more}"
@@ -451,6 +453,11 @@ def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], r
     raw = _expand_extends(raw, preset_dirs(job_path))
     for text in overrides:
         parts, value = parse_override(text)
+        if parts[0] == "extends":  # the presets are merged beneath the job before any --set: one set here is never read
+            raise JobConfigError(
+                "--set extends: extends is read from the job file only (its presets are merged before --set "
+                "applies); write extends: [preset, ...] in the job file, or --set the presets' fields themselves"
+            )
         _apply_override(raw, parts, value, text)
     # a relative data path the job gives (a preset's was anchored to the preset in _expand_extends) is
     # relative to the job file, so jobs can be run from anywhere

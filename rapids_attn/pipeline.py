@@ -107,7 +107,7 @@ def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
     extracting = ExtractStage.name in running
     state = inspect_store(path, ctx.key, ctx.layout)
     if state == "different" and not (ctx.overwrite and extracting):
-        raise foreign_store_error(path)
+        raise foreign_store_error(path, ctx.job, ctx.layout, getattr(ctx.data, "fingerprint", None))
     # a store this run creates (none yet, an interrupted one, or --overwrite) has nothing complete in it
     fresh = state != "same" or (ctx.overwrite and extracting)
     if fresh and not extracting:

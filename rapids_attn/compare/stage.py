@@ -61,6 +61,47 @@ def _label(name: str, taken: set[str]) -> str:
     return label
 
 
+def model_identity(name: str) -> str:
+    """What a model name stands for: a folder's resolved path (so ``./m``, ``m/`` and a link to it are one model), a
+    preset's package folder, or a hub id as written; the name itself where it resolves to nothing (preflight names
+    that)."""
+    from rapids_attn.errors import UserError
+    from rapids_attn.extract.model import resolve_model_name
+
+    try:
+        return resolve_model_name(str(name))
+    except (UserError, OSError):
+        return str(name)
+
+
+def check_compared_names(cfg) -> None:
+    """Refuse, naming ``compare.models[i]``, an entry that names the job's own model where the job has no fine-tune
+    (a model compared with itself: every head unchanged by construction), or the model an earlier entry names (each
+    written differently: ``./m`` and ``m/``). With ``finetune.enabled`` the job's model is the fine-tune, and the
+    model it starts from (``model.name``) is the base it is compared with: listing it is how the base is compared
+    beside other models, not a repeat."""
+    from rapids_attn.errors import JobConfigError
+    from rapids_attn.job import show
+
+    job = model_identity(cfg.model.name)
+    seen: dict[str, int] = {}
+    for i, name in enumerate(cfg.compare.models):
+        me = model_identity(name)
+        if me == job and not cfg.finetune.enabled:
+            raise JobConfigError(
+                f"compare.models[{i}]: {show(name)} is the job's own model (model.name {show(cfg.model.name)}), "
+                "and a model compared with itself changes nothing; list other models (or, to compare a fine-tune "
+                "with this model, enable finetune and leave compare.models empty)"
+            )
+        if me in seen:
+            j = seen[me]
+            raise JobConfigError(
+                f"compare.models[{i}]: {show(name)} is the model compare.models[{j}] ({show(cfg.compare.models[j])}) "
+                "names already; list each model once"
+            )
+        seen[me] = i
+
+
 def compared_models(cfg) -> tuple[str, list[Compared]]:
     """(the job's model's label, the models compared with it): ``compare.models``, or with ``finetune.enabled`` the
     model it starts from (``base``; the job's model is then ``finetuned``)."""
@@ -77,13 +118,15 @@ def compared_models(cfg) -> tuple[str, list[Compared]]:
 
         controls = [r.label for r in fine_tunes(cfg)[1:]]
         taken.update(controls)
+    job_model = model_identity(cfg.model.name) if names else None
     for n in names:
-        if cfg.finetune.enabled and n == cfg.model.name and "base" not in taken:
+        is_job_model = n == cfg.model.name or model_identity(n) == job_model  # as written, or another spelling
+        if cfg.finetune.enabled and is_job_model and "base" not in taken:
             label = "base"
             taken.add(label)
         else:
             label = _label(n, taken)
-        revision = cfg.model.revision if n == cfg.model.name else None
+        revision = cfg.model.revision if is_job_model else None
         out.append(Compared(label, cfg.model.model_copy(update={"name": n, "revision": revision})))
     if cfg.finetune.enabled:
         from rapids_attn.finetune.stage import finetuned_folder
@@ -193,6 +236,7 @@ class CompareStage(Stage):
                 "compare.models: no model to compare the job's model with; list one or more (a folder, a hub id or "
                 "a preset), or enable finetune to compare the fine-tune with the model it started from"
             )
+        check_compared_names(self.cfg)
         if self.cfg.compare.heads:
             from rapids_attn.heads.stage import HeadsStage
 
@@ -202,7 +246,32 @@ class CompareStage(Stage):
                     "heads.enabled: true (and its metric and examples), or compare.heads: false"
                 )
             self._heads_metric = HeadsStage.from_job(self.job).metric_name(ctx)  # the same metric for every model
-        self.plans = {o.label: self._plan(ctx, o) for o in self.others}
+        self.plans = {o.label: self._planned(ctx, o) for o in self.others}
+
+    def _field(self, other: Compared) -> str | None:
+        """``compare.models[i]`` where the user listed this model, else None (the base a fine-tune is compared with
+        by default is model.name; a control fine-tune is the finetune stage's)."""
+        models = self.cfg.compare.models
+        return f"compare.models[{models.index(other.model.name)}]" if other.model.name in models else None
+
+    def _planned(self, ctx: RunContext, other: Compared) -> dict:
+        """:meth:`_plan`, its refusal naming the field the user wrote: a compared model's own problem (its folder,
+        config, tokenizer or weights; ``model.name: ...`` as the checks shared with the job's model say it) is
+        ``compare.models[i]: ...``, and a job setting it fails (``model.max_length: ...``) says which model."""
+        from rapids_attn.errors import UserError
+        from rapids_attn.job import show
+
+        try:
+            return self._plan(ctx, other)
+        except UserError as e:
+            field, line = self._field(other), str(e)
+            if field is None or line.startswith("compare."):  # the stage's own lines name the model already
+                raise
+            if line.startswith("model.name: "):
+                line = f"{field}: {line.removeprefix('model.name: ')}"
+            else:
+                line = f"{field} ({show(other.model.name)}): {line}"
+            raise type(e)(line) from None
 
     def _plan(self, ctx: RunContext, other: Compared) -> dict:
         """Everything about one compared model preflight can settle: its shape against the job's, whether its
@@ -217,7 +286,8 @@ class CompareStage(Stage):
         mine = ctx.model
         if (info.n_layers, info.n_heads) != (mine.n_layers, mine.n_heads):
             raise JobConfigError(
-                f"compare.models: '{other.model.name}' has {info.n_layers} layers x {info.n_heads} heads and the job's "
+                f"{self._field(other) or 'compare.models'}: '{other.model.name}' has {info.n_layers} layers x "
+                f"{info.n_heads} heads and the job's "
                 f"model {mine.n_layers} x {mine.n_heads}; head-by-head comparison needs the same layers and heads: "
                 "list models of one shape"
             )

@@ -83,6 +83,20 @@ class FieldSpec:
                     f"that exists (found: {', '.join(map(str, present)) or 'none'})"
                 )
 
+    def check_unrepeated(self, names: Sequence[str], where: str, thing: str, fix: str) -> None:
+        """DataError if a field the job reads is named more than once among ``names`` (a header's or a schema's
+        columns, a record's keys; ``thing`` says which): which one is read would be the reader's choice (CSV and
+        JSON keep the last silently, Parquet neither)."""
+        for field, setting in self.required():
+            at = [i + 1 for i, name in enumerate(names) if name == field]
+            if len(at) > 1:
+                times = "twice" if len(at) == 2 else f"{len(at)} times"
+                cols = f" (columns {', '.join(map(str, at[:-1]))} and {at[-1]})" if thing == "column" else ""
+                raise DataError(
+                    f"data.path: {where} names the {thing} {field!r} {times}{cols}, and {setting} reads it: which one "
+                    f"is read would be a guess; {fix}"
+                )
+
     def example(self, record: Mapping[str, Any], index: int, where: str) -> Example:
         """Build the Example for record number ``index`` (0-based); ``where`` locates it in messages."""
         self.check_fields(record.keys(), where)

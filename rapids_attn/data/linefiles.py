@@ -22,6 +22,8 @@ What the readers refuse, each in one line that names the file and the line:
   followed by more text (``"a"b``), a row with more or fewer fields than the header, and a field longer than
   :data:`rapids_attn.data.fields.MAX_TEXT_CHARS` characters (the CSV reader raises ``csv``'s process-wide
   field limit to that bound, never lowers it). A BOM before the header is dropped.
+- a field the job reads named twice: a CSV header's column (``text,text``), a JSONL record's key (``json`` would
+  keep the last value without a word); Parquet's schema the same way (:mod:`rapids_attn.data.tables`).
 
 A record's text over :data:`rapids_attn.data.fields.MAX_TEXT_CHARS` characters is refused by the field rules
 (:meth:`FieldSpec.example`), and a text line's the same way.
@@ -250,7 +252,7 @@ class JsonlSource(LineSource):
     def _build(self, raw: str, record: int, line: int) -> Example:
         where = f"line {line} of {self.path}"
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_object)
         except json.JSONDecodeError as e:
             raise DataError(f"data.path: {where} is not valid JSON ({e.msg}); fix or remove that line") from None
         except RecursionError:
@@ -259,7 +261,25 @@ class JsonlSource(LineSource):
             raise DataError(
                 f"data.path: {where} is a JSON {type(obj).__name__}, not an object; write one JSON object per line"
             )
+        if isinstance(obj, _RepeatedKeys):
+            self.spec.check_unrepeated(obj.keys_written, where, "key", "write each key once (JSON keeps the last)")
         return self.spec.example(obj, record, where)
+
+
+class _RepeatedKeys(dict):
+    """A JSON object that gave a key more than once (``json`` keeps the last value): its keys as written."""
+
+    keys_written: list
+
+
+def _object(pairs: list) -> dict:
+    """``json``'s ``object_pairs_hook``: the object as ``json`` builds it, marked when a key repeats."""
+    d = dict(pairs)
+    if len(d) == len(pairs):
+        return d
+    out = _RepeatedKeys(d)
+    out.keys_written = [k for k, _ in pairs]
+    return out
 
 
 @dataclass(frozen=True)
@@ -313,6 +333,7 @@ class CsvSource(LineSource):
         if header is None:
             return None
         spec.check_fields(header, f"the header (line 1) of {path}")
+        spec.check_unrepeated(header, f"the header (line 1) of {path}", "column", "give each column its own name")
         return cls(str(path), spec, delimiter=delimiter, fieldnames=tuple(header))
 
     def _start(self, lines: LineReader) -> None:

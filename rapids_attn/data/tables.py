@@ -91,6 +91,7 @@ class ParquetSource(FieldsSource):
         """Check the schema: every named column exists, and the text columns hold text, binary or numbers."""
         schema = _parquet_file(path).schema_arrow
         spec.check_fields(schema.names, f"the schema of {path}")
+        spec.check_unrepeated(schema.names, f"the schema of {path}", "column", "give each column its own name")
         for field in (spec.text, spec.pair):
             if field is not None and _text_kind(schema.field(field).type) is None:
                 raise not_text(f"the schema of {path}", field, f"a {schema.field(field).type} column, not text")

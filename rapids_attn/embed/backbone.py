@@ -73,9 +73,12 @@ def _build_network(name: str, weights: str):
     if name not in _known_models():
         import difflib
 
-        near = difflib.get_close_matches(name, ["pooled", *_known_models()], n=1)
-        hint = f"did you mean '{near[0]}'?" if near else "use pooled, resnet18 or resnet50"
-        raise JobConfigError(f"embed.name: unknown embedder '{name}'; {hint}")
+        from rapids_attn.embed.registry import EMBEDDERS, embedder_names
+        from rapids_attn.job import clip
+
+        near = difflib.get_close_matches(name, [*EMBEDDERS, *_known_models()], n=1) if len(name) <= 120 else []
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise JobConfigError(f"embed.name: unknown embedder '{clip(name)}'; {hint}use {embedder_names()}")
     if weights == "random":
         with torch.random.fork_rng(devices=[]):  # a seeded random network: a reproducible control
             torch.manual_seed(0)

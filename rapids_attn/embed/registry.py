@@ -50,6 +50,12 @@ def embedder_spec(name: str) -> EmbedderSpec:
     return EMBEDDERS.get(name, BACKBONES)
 
 
+def embedder_names() -> str:
+    """The names ``embed.name`` takes, as an error line lists them: every embedder of :data:`EMBEDDERS` (so none is
+    ever left out), then the torchvision backbones."""
+    return f"{', '.join(EMBEDDERS)}, or a torchvision classification model (resnet18, resnet50, ...)"
+
+
 def register(name: str, factory: str | EmbedderFactory, *, int8: bool = False) -> None:
     """Adds ``name`` to :data:`EMBEDDERS`; a name already there is refused (a ValueError), never replaced."""
     if name in EMBEDDERS:

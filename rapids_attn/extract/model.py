@@ -186,14 +186,25 @@ def resolve_attention(choice: str, config, name: str) -> str:
 
 
 def load_config(cfg):
-    """The model's source (its resolved name or folder) and its transformers config; ModelError when unreadable."""
+    """The model's source (its resolved name or folder) and its transformers config; ModelError when unreadable, and
+    when the config asks for custom code (``auto_map``) that ``model.trust_remote_code: false`` would not run:
+    transformers then reads such a folder with its own class for the config's model type without a word, which is
+    not the model its folder describes."""
     from transformers import AutoConfig
 
     source = resolve_model_name(cfg.name)
     try:
-        return source, AutoConfig.from_pretrained(
-            source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
-        )
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        auto_map = getattr(config, "auto_map", None)
+        if auto_map and not cfg.trust_remote_code:
+            classes = ", ".join(sorted(map(str, auto_map)))
+            raise ModelError(
+                f"model.name: '{cfg.name}' asks for custom code (auto_map in its config.json: {classes}), which "
+                "model.trust_remote_code: false does not run; review that code and set model.trust_remote_code: true "
+                f"to run it (only if you trust it), or delete auto_map from its config.json to read it as "
+                f"transformers' own {config.model_type}"
+            )
+        return source, config
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise ModelError(

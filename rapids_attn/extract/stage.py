@@ -129,7 +129,10 @@ class ExtractStage(Stage):
         from rapids_attn.store.zarr_store import store_action
 
         check_runtime(self.runtime_cfg)
-        store_action(ctx.store_path, ctx.key, ctx.layout, ctx.overwrite)  # refuses what it may not touch
+        # refuses what it may not touch; another job's store is named with what changed since it was made
+        store_action(
+            ctx.store_path, ctx.key, ctx.layout, ctx.overwrite, ctx.job, getattr(ctx.data, "fingerprint", None)
+        )
 
     def uses_cluster(self, ctx: RunContext) -> bool:
         return True
@@ -157,7 +160,9 @@ class ExtractStage(Stage):
                 "max_length": m.max_length,
                 "attention": m.attention,  # blocked or eager capture (extract.attention)
             }
-            g = create_store(ctx.store_path, layout, ctx.job, ctx.key, meta)
+            g = create_store(
+                ctx.store_path, layout, ctx.job, ctx.key, meta, data_content=getattr(ctx.data, "fingerprint", None)
+            )
         done = done_shards(g)
         tasks = [
             ShardTask(

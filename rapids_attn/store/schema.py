@@ -308,6 +308,7 @@ class Attr:
     LAYOUT = "layout"  # StoreLayout as a dict: the shapes
     MODEL = "model"  # the model's name, source, type, revision, layer and head counts
     JOB = "job"  # the resolved job that created the store
+    DATA_CONTENT = "data_content"  # the dataset's content hash (DataIndex.fingerprint) the store was made from
     EXTRACTION_KEY = "extraction_key"  # written last at creation: its presence marks a complete creation
     EXTRACT_RUNS = "extract_runs"  # one record per extract run: shards, devices, workers, seconds
     LEARN = "learn"  # the learn stage's result (backend, method, sizes, silhouette, k sweep, seconds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,6 +124,7 @@ def create_store(
     ids: list[str] | None = None,
     groups: list[str] | None = None,
     labels: list[str] | None = None,
+    data_content: str | None = None,
 ) -> zarr.Group:
     """Create a fresh store at ``path``, which must be absent or an empty folder (the caller decides,
     through :func:`open_for_job`, what may be replaced). The package's marker attributes are written
@@ -132,7 +134,8 @@ def create_store(
     ``example_id``, ``example_group`` and ``example_label`` are chunked by shard like ``seq_len``: the
     extract stage's workers write their own rows of them (:func:`write_shard`), so the driver never
     holds them. ``ids``, ``groups`` and ``labels``, when given, are written here instead (planted
-    stores in tests and tools)."""
+    stores in tests and tools). ``data_content``: the dataset's content hash, kept so that a later job refused
+    this store can be told whether the file changed (:func:`foreign_store_error`)."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise StoreError(f"{path}: exists and is not empty; refusing to write a store over it")
     marks = {Attr.CREATED_BY: CREATOR, Attr.FORMAT_VERSION: S.FORMAT_VERSION, Attr.VERSION: __version__}
@@ -155,6 +158,8 @@ def create_store(
         }
     )
     g.attrs[Attr.JOB] = job
+    if data_content is not None:
+        g.attrs[Attr.DATA_CONTENT] = data_content
     g.attrs[Attr.EXTRACTION_KEY] = key  # last: its presence marks a complete creation
     return g
 
@@ -216,25 +221,103 @@ def stored_key_and_layout(path: Path) -> tuple[str, dict] | None:
     return (key, layout) if isinstance(key, str) and isinstance(layout, dict) else None
 
 
-def foreign_store_error(path: Path) -> StoreError:
+#: changed settings a foreign store's line names (then "and N more")
+NAMED_CHANGES = 4
+
+_ABSENT = object()
+
+
+def _leaves(value, prefix: str = "") -> dict:
+    """A nested settings dict as {"data.label_field": value, ...}."""
+    if not isinstance(value, dict) or not value:
+        return {prefix: value}
+    out = {}
+    for k, v in value.items():
+        out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _as_json(value) -> str:
+    return "absent" if value is _ABSENT else json.dumps(value, sort_keys=True)
+
+
+def _changed(theirs: dict, ours: dict, prefix: str = "") -> list[str]:
+    """``<prefix><field> <was> -> <now>`` for each field whose value differs (as JSON writes them: a stored tuple
+    reads back as a list), in this job's order of fields, then the ones only the store has."""
+    from rapids_attn.job import clip
+
+    names = list(ours) + [k for k in theirs if k not in ours]
+    return [
+        f"{prefix}{k} {clip(_as_json(theirs.get(k, _ABSENT)), 60)} -> {clip(_as_json(ours.get(k, _ABSENT)), 60)}"
+        for k in names
+        if _as_json(theirs.get(k, _ABSENT)) != _as_json(ours.get(k, _ABSENT))
+    ]
+
+
+def store_changes(path: Path, job: dict, layout: StoreLayout, data_content: str | None) -> list[str]:
+    """What differs between what the store at ``path`` was made with (its ``job``, ``layout`` and ``data_content``
+    attributes) and this job's ``job``, ``layout`` and ``data_content``, as the store's key sees the settings
+    (:func:`rapids_attn.job.extraction_settings`): one entry per changed field (``data.label_field null ->
+    "answerable"``), the data file where its content hash differs, and the layout's fields where no setting does
+    (another number of examples, another model's layers). Empty where the store's attributes cannot be read."""
+    from rapids_attn.job import extraction_settings
+
+    try:
+        attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+        their_job, their_layout = attrs.get(Attr.JOB), attrs.get(Attr.LAYOUT)
+        if not isinstance(their_job, dict) or not isinstance(their_layout, dict):
+            return []
+        theirs = extraction_settings(their_job, shard_size=their_layout.get("shard_size"))
+        ours = extraction_settings(job, shard_size=layout.shard_size)
+    except Exception:  # noqa: BLE001 - attributes that cannot be read: the line says what can change instead
+        return []
+    changes = _changed(_leaves(theirs), _leaves(ours))
+    their_content = attrs.get(Attr.DATA_CONTENT)
+    if data_content is not None and isinstance(their_content, str) and their_content != data_content:
+        changes.append("the dataset's content (the file data.path names)")
+    if not changes:
+        changes = _changed(their_layout, asdict(layout), "the store's ")
+    return changes
+
+
+def foreign_store_error(
+    path: Path, job: dict | None = None, layout: StoreLayout | None = None, data_content: str | None = None
+) -> StoreError:
+    """The store at ``path`` is another job's: one line that names what changed since it was made (with this job's
+    ``job`` dict, ``layout`` and ``data_content``; without them, or where nothing is found, the kinds of change that
+    make a store another job's)."""
+    changes = store_changes(path, job, layout, data_content) if job is not None and layout is not None else []
+    if changes:
+        more = len(changes) - NAMED_CHANGES
+        what = ", ".join(changes[:NAMED_CHANGES]) + (f" and {more} more" if more > 0 else "")
+        why = f"changed since it was made: {what}"
+    else:
+        why = "the dataset's content, or the data, model, extract, embed or store settings changed"
     return StoreError(
-        f"{path}: holds the store of a different job (the dataset's content, or the data, model, extract, embed or "
-        "store settings changed); "
-        "rerun with --overwrite to replace it, or set output.dir to a new run directory"
+        f"{path}: holds the store of a different job ({why}); "
+        "rerun with --overwrite to replace it (its maps are extracted again), or set output.dir to a new run directory"
     )
 
 
-def store_action(path: Path, key: str, layout: StoreLayout, overwrite: bool) -> str:
+def store_action(
+    path: Path,
+    key: str,
+    layout: StoreLayout,
+    overwrite: bool,
+    job: dict | None = None,
+    data_content: str | None = None,
+) -> str:
     """What the extract stage will do with ``path``, decided without changing anything: "create"
     (nothing there), "reuse" (this job's store: resume it) or "replace" (an interrupted creation of
     ours, or any store of ours under ``overwrite``). A store from another job without ``overwrite``,
     a store that cannot be read, a folder that is not ours, and a replacement through a symbolic
-    link are errors. Preflight calls it, so these fail before any worker starts."""
+    link are errors. Preflight calls it, so these fail before any worker starts. ``job`` (this job's dict) and
+    ``data_content`` (its dataset's content hash) let the refusal of another job's store name what changed."""
     state = inspect_store(path, key, layout)
     if state == "absent":
         return "create"
     if state == "different" and not overwrite:
-        raise foreign_store_error(path)
+        raise foreign_store_error(path, job, layout, data_content)
     if state == "same" and not overwrite:
         check_consistent(path, layout)  # a crash or two runs at once can leave arrays missing
         return "reuse"

@@ -110,13 +110,18 @@ MAP_CASES = [
     ("token-ids-shape", {"token_ids": torch.ones(B, T + 1, dtype=torch.long)}, ArgumentError, "token_ids:", "(2, 7)"),
     ("causal-int", {"causal": 1}, ArgumentTypeError, "causal:", "True or False"),
     ("causal-text", {"causal": "no"}, ArgumentTypeError, "causal:", "str"),
-    ("image-size-zero", {"image_size": 0}, ArgumentError, "image_size:", "1..512"),
+    ("image-size-zero", {"image_size": 0}, ArgumentError, "image_size:", "4..512"),
+    # the job's bounds (extract.image_size), read from its schema: a size a job refuses is refused here too
+    ("image-size-3", {"image_size": 3}, ArgumentError, "image_size:", "in 4..512; got 3"),
     ("image-size-negative", {"image_size": -4}, ArgumentError, "image_size:", "got -4"),
-    ("image-size-huge", {"image_size": 100_000}, ArgumentError, "image_size:", "1..512"),
+    ("image-size-huge", {"image_size": 100_000}, ArgumentError, "image_size:", "4..512"),
+    ("image-size-513", {"image_size": 513}, ArgumentError, "image_size:", "got 513"),
     ("image-size-bool", {"image_size": True}, ArgumentTypeError, "image_size:", "bool"),
     ("image-size-float", {"image_size": 8.0}, ArgumentTypeError, "image_size:", "float"),
     ("image-size-text", {"image_size": "8"}, ArgumentTypeError, "image_size:", "str"),
     ("embedder-unknown", {"embedder": "nope"}, ArgumentError, "embedder:", "unknown embedder"),
+    # every registered embedder is listed (from the registry: none can be left out)
+    ("embedder-unknown-lists-all", {"embedder": "nope"}, ArgumentError, "embedder:", "use pattern-cnn, pooled, or a"),
     ("embedder-empty", {"embedder": ""}, ArgumentError, "embedder:", ""),
     ("embedder-not-text", {"embedder": 3}, ArgumentTypeError, "embedder:", "int"),
     ("embedder-long", {"embedder": "x" * 100_000}, ArgumentError, "embedder:", "..."),
@@ -231,10 +236,10 @@ def test_the_errors_are_value_errors_and_user_errors():
 
 def test_valid_maps_at_the_bounds():
     """One example, one head, T = 1; half precision within its tolerance; every kind of integer lengths; padding
-    that holds NaN, inf and negatives; a reversed NumPy view; image_size 1."""
+    that holds NaN, inf and negatives; a reversed NumPy view; image_size 4, the job's smallest."""
     one = analyse_maps(torch.ones(1, 1, 1, 1), **POOLED)
     assert one.stats.shape[:2] == (1, 1) and one.stats[0, 0, one.stat_names.index("self")] == 1.0
-    assert analyse_maps(torch.ones(1, 1, 1, 1), image_size=1).features.shape[:2] == (1, 1)  # the pattern CNN
+    assert analyse_maps(torch.ones(1, 1, 1, 1), image_size=4).features.shape[:2] == (1, 1)  # the pattern CNN
     w = maps()
     reference = analyse_maps(w, **POOLED).stats
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
@@ -279,3 +284,36 @@ def test_valid_features_at_the_bounds():
     assert len(set(alone.tolist())) == 8 and info["silhouette"] is None
     _, seeded = cluster_features(FEATURES, n_clusters=3, pca_components=4, seed=2**32 - 3)
     assert seeded["stability"]["seeds"] == [2**32 - 2, 2**32 - 1]
+
+
+def test_image_size_takes_the_jobs_bounds():
+    """analyse_maps takes exactly the image sizes a job's extract.image_size takes (the bounds read from the
+    schema, so a change there moves both)."""
+    from pydantic import ValidationError
+
+    from rapids_attn.job import ExtractConfig
+
+    for size in (3, 4, 512, 513):
+        try:
+            ExtractConfig(image_size=size)
+            job_takes = True
+        except ValidationError:
+            job_takes = False
+        if job_takes:
+            assert analyse_maps(torch.ones(1, 1, 1, 1), image_size=size, embedder="pooled", pooled_size=2)
+        else:
+            with pytest.raises(ArgumentError, match=rf"^image_size: must be a whole number in 4\.\.512; got {size}$"):
+                analyse_maps(torch.ones(1, 1, 1, 1), image_size=size, embedder="pooled", pooled_size=2)
+
+
+def test_an_unknown_embedder_lists_every_registered_one(monkeypatch):
+    """The list comes from the registry: an embedder registered later (a plugin) is listed too."""
+    from rapids_attn.embed import registry
+
+    monkeypatch.setitem(registry.EMBEDDERS, "my-embedder", registry.EmbedderSpec("nowhere:nothing"))
+    with pytest.raises(ArgumentError) as got:
+        analyse_maps(maps(), image_size=4, embedder="nope")
+    line = str(got.value)
+    assert line.startswith("embedder: unknown embedder 'nope'") and "\n" not in line, line
+    for name in registry.EMBEDDERS:
+        assert name in line, line

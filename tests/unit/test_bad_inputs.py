@@ -21,6 +21,24 @@ CASES = [
     ("name-dotdot", ["name=.."], [], "", "name:"),
     ("name-slash", ["name=a/b"], [], "", "name:"),
     ("output-dir-unknown-field", ["output.dir=runs/{nam}"], [], "", "output.dir:"),
+    # only the plain {name}: str.format would follow an attribute or an index into the string's own objects
+    ("output-dir-attribute", ["output.dir=runs/{name.__class__}"], [], "", "output.dir: {name.__class__} is not a"),
+    ("output-dir-index", ["output.dir=runs/{name[0]}"], [], "", "output.dir: {name[0]} is not a placeholder"),
+    ("output-dir-conversion", ["output.dir=runs/{name!r}"], [], "", "output.dir: {name!r} is not a placeholder"),
+    ("output-dir-format-spec", ["output.dir=runs/{name:>9}"], [], "", "output.dir: {name:>9} is not a placeholder"),
+    ("output-dir-positional", ["output.dir=runs/{}"], [], "", "output.dir: {} is not a placeholder"),
+    ("output-dir-lone-brace", ["output.dir=runs/{name"], [], "", "output.dir: expected '}' before end of string"),
+    # extends is read from the job file only: a --set of it would be silently ignored
+    ("set-extends", ["extends=[clusters/kmeans]"], [], "", "--set extends: extends is read from the job file only"),
+    ("set-extends-entry", ["extends.0=clusters/kmeans"], [], "", "--set extends: extends is read from the job file"),
+    # the embedders listed from the registry: none is left out
+    (
+        "embed-name-unknown",
+        ["embed.name=nosuch"],
+        [],
+        "",
+        "embed.name: unknown embedder 'nosuch'; use pattern-cnn, pooled, or",
+    ),
     ("stages-comma", [], ["--stages", ","], "", "--stages: no stage named"),
     ("stages-blanks", [], ["--stages", " , ,"], "", "--stages: no stage named"),
     ("stages-empty", [], ["--stages", ""], "", "--stages: no stage named"),
@@ -261,7 +279,26 @@ MODEL_FOLDERS = [
     ("no-weights", ("*.safetensors",), None, "has no weights (one of model.safetensors"),
     ("truncated-safetensors", (), lambda m: _cut(m / "model.safetensors"), "model.safetensors cannot be loaded"),
     ("no-config", ("config.json",), None, "has no config.json"),
+    # custom code that model.trust_remote_code: false would not run: transformers would read the folder as BERT
+    (
+        "auto-map",
+        (),
+        lambda m: _with_auto_map(m),
+        (
+            "asks for custom code (auto_map in its config.json: AutoConfig, AutoModel), which model.trust_remote_code: "
+            "false does not run; review that code and set model.trust_remote_code: true to run it (only if you trust it)"
+        ),
+    ),
 ]
+
+
+def _with_auto_map(model: Path) -> Path:
+    """The model folder with an ``auto_map`` in its config.json (as a hub model with its own code has), naming
+    modules that are not there: read with trust_remote_code false, transformers would build its own BERT."""
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_mine.MineConfig", "AutoModel": "modeling_mine.MineModel"}
+    (model / "config.json").write_text(json.dumps(config))
+    return model
 
 
 @pytest.mark.parametrize(
@@ -512,3 +549,216 @@ def test_a_kernel_that_cannot_run_is_one_line_exit_2(
     refused in preflight, naming the field and the fix, before anything is written."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     _check_refused(tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data, sets, [], "", names)
+
+
+def test_another_jobs_store_is_refused_naming_what_changed(tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data):
+    """Adding data.label_field to a job whose store exists makes the store another job's: the one line names the
+    field (and each other changed setting, with both values), and the data file when its content changed."""
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    del job["data"]["label_field"]
+    assert main([str(_job_file(tmp_path, job)), "--stages", "extract"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    job["data"]["label_field"] = "answerable"
+    err = _one_line_exit_2([str(_job_file(tmp_path, job)), "--check"], capsys, "holds the store of a different job")
+    assert 'changed since it was made: data.label_field null -> "answerable")' in err, err
+    assert "--overwrite" in err
+    # a later stage alone over it (no extraction to replace it): the same line
+    learn = [str(_job_file(tmp_path, job)), "--check", "--stages", "learn"]
+    assert _one_line_exit_2(learn, capsys, "different job") == err
+    err = _one_line_exit_2(
+        [str(_job_file(tmp_path, job)), "--check", "--set", "extract.image_size=16"], capsys, "different job"
+    )
+    assert 'data.label_field null -> "answerable", extract.image_size 8 -> 16)' in err, err
+    # the same settings over an edited data file: the file is named
+    del job["data"]["label_field"]
+    pair_data.write_text(pair_data.read_text().replace("question number 3", "question number three"))
+    err = _one_line_exit_2([str(_job_file(tmp_path, job)), "--check"], capsys, "different job")
+    assert "changed since it was made: the dataset's content (the file data.path names))" in err, err
+    assert main([str(_job_file(tmp_path, job)), "--check", "--overwrite"]) == 0
+
+
+def _repeated_field_file(tmp_path: Path, fmt: str) -> tuple[Path, str]:
+    """The tiny job's pairs in ``fmt``, with the column (or JSONL key) ``question`` given twice: (the file, what
+    the line must say)."""
+    from helpers import pair_rows
+
+    rows = pair_rows()
+    cols = ["id", "question", "context", "question", "topic"]
+    if fmt == "jsonl":
+        p = tmp_path / "twice.jsonl"
+        lines = [json.dumps({k: r[k] for k in cols if k != "question"}) for r in rows]
+        lines = [
+            line[:-1] + f', "question": "first", "question": {json.dumps(r["question"])}}}'
+            for line, r in zip(lines, rows)
+        ]
+        p.write_text("\n".join(lines) + "\n")
+        return p, f"line 1 of {p} names the key 'question' twice, and data.text_fields reads it"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        p = tmp_path / "twice.parquet"
+        arrays = [
+            pa.array([str(r[c]) if c != "question" or i == 3 else "first" for r in rows]) for i, c in enumerate(cols)
+        ]
+        pq.write_table(pa.Table.from_arrays(arrays, names=cols), p)
+        return p, f"the schema of {p} names the column 'question' twice (columns 2 and 4)"
+    import csv
+
+    p = tmp_path / f"twice.{fmt}"
+    with open(p, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t" if fmt == "tsv" else ",")
+        w.writerow(cols)
+        w.writerows([[r["id"], "first", r["context"], r["question"], r["topic"]] for r in rows])
+    return p, f"the header (line 1) of {p} names the column 'question' twice (columns 2 and 4)"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl", "parquet"])
+def test_a_field_the_job_reads_named_twice_is_one_line_exit_2(tmp_path, capsys, monkeypatch, tiny_bert_dir, fmt):
+    """A CSV header ``question,...,question`` (csv keeps the last), a JSONL record with the key twice (json keeps the
+    last) and a Parquet schema with the column twice (no column to pick) are refused naming the file and where, and
+    the setting that reads it; a repeated column the job does not read is left alone."""
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    data, names = _repeated_field_file(tmp_path, fmt)
+    job = make_job(tmp_path, tiny_bert_dir, data)
+    job["data"].update(format="csv" if fmt == "tsv" else fmt)
+    job["data"].pop("label_field")
+    _one_line_exit_2([str(_job_file(tmp_path, job)), "--check"], capsys, names)
+    assert not (tmp_path / "run").exists()
+    job["data"]["text_fields"] = ["context"]  # the repeated column is not read: nothing is ambiguous
+    assert main([str(_job_file(tmp_path, job)), "--check"]) == 0, capsys.readouterr().err
+
+
+def _compare_job(tmp_path: Path, model: Path, entries: list, finetune: bool = False) -> Path:
+    """The tiny job on a tiny SQuAD file with the compare stage on, comparing ``entries`` (compare.models)."""
+    from helpers import write_squad
+
+    job = make_job(tmp_path, model, write_squad(tmp_path / "squad.json"))
+    job["data"] = {"path": str(tmp_path / "squad.json")}
+    job["compare"] = {"enabled": True, "models": [str(e) for e in entries], "examples": 6, "resamples": 100}
+    if finetune:
+        job["finetune"] = {"enabled": True, "max_steps": 2, "max_length": 64, "doc_stride": 16}
+        job["model"]["max_length"] = 64  # the fine-tune's windows: no warning
+    return _job_file(tmp_path, job)
+
+
+def _copy_of(model: Path, where: Path) -> Path:
+    shutil.copytree(model, where)
+    return where
+
+
+# (case id, compare.models as made from (the job's model, the test's folder), finetune enabled, what the line says)
+COMPARED = [
+    ("itself", lambda m, t: [m], False, "compare.models[0]: '{m}' is the job's own model (model.name '{m}')"),
+    ("itself-as-a-link", lambda m, t: [_link(m, t / "link")], False, "compare.models[0]: '{t}/link' is the job's own"),
+    ("itself-slash", lambda m, t: [f"{m}/"], False, "compare.models[0]: '{m}/' is the job's own model"),
+    (
+        "itself-second",
+        lambda m, t: [_copy_of(m, t / "other"), m],
+        False,
+        "compare.models[1]: '{m}' is the job's own model",
+    ),
+    ("twice", lambda m, t: [t / "o", t / "o"], False, "compare.models[1]: '{t}/o' is compare.models[0] again"),
+    (
+        "twice-spelled-two-ways",
+        lambda m, t: [_copy_of(m, t / "other"), f"{t}/other/"],
+        False,
+        "compare.models[1]: '{t}/other/' is the model compare.models[0] ('{t}/other') names already",
+    ),
+    (
+        "twice-with-finetune",
+        lambda m, t: [m, f"{m}/"],
+        True,
+        "compare.models[1]: '{m}/' is the model compare.models[0] ('{m}') names already",
+    ),
+    ("blank", lambda m, t: [t / "o", " "], False, "compare.models[1]: is empty; name a model"),
+    # a bad entry is named as the user wrote it, never as model.name
+    ("missing-folder", lambda m, t: [t / "nosuch"], False, "compare.models[0]: no such model folder: {t}/nosuch"),
+    ("not-a-model", lambda m, t: [t], False, "compare.models[0]: folder {t} has no config.json"),
+    (
+        "no-weights",
+        lambda m, t: [_without(m, t / "other", "*.safetensors")],
+        False,
+        "compare.models[0]: {t}/other has no weights",
+    ),
+    (
+        "auto-map",
+        lambda m, t: [_with_auto_map(_copy_of(m, t / "other"))],
+        False,
+        (
+            "compare.models[0]: '{t}/other' asks for custom code (auto_map in its config.json: AutoConfig, AutoModel), "
+            "which model.trust_remote_code: false does not run; review that code and set model.trust_remote_code: true"
+        ),
+    ),
+]
+
+
+def _link(model: Path, link: Path) -> Path:
+    link.symlink_to(model, target_is_directory=True)
+    return link
+
+
+def _without(model: Path, where: Path, pattern: str) -> Path:
+    shutil.copytree(model, where, ignore=shutil.ignore_patterns(pattern))
+    return where
+
+
+@pytest.mark.parametrize(
+    ("entries", "finetune", "names"), [c[1:] for c in COMPARED], ids=[f"compare-{c[0]}" for c in COMPARED]
+)
+def test_a_bad_compared_model_is_named_as_written(
+    tmp_path, capsys, monkeypatch, tiny_bert_dir, entries, finetune, names
+):
+    """compare.models: the job's own model (without a fine-tune, nothing would change), one model listed twice (as
+    written, or two ways), and an entry that is no usable model are refused in preflight in one line naming
+    compare.models[i] (not model.name), before anything is written."""
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    job = _compare_job(tmp_path, tiny_bert_dir, entries(tiny_bert_dir, folder), finetune)
+    err = _one_line_exit_2([str(job), "--check"], capsys, names.format(m=tiny_bert_dir, t=folder))
+    assert "model.name:" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_base_of_a_fine_tune_may_be_listed_with_other_models(tmp_path, capsys, monkeypatch, tiny_bert_dir):
+    """With finetune enabled the job's model is the fine-tune: compare.models naming model.name (however written)
+    compares it with its base, as an empty compare.models does, so it is accepted and labelled ``base``; another
+    model, named twice, is not."""
+    from rapids_attn.compare.stage import compared_models
+    from rapids_attn.job import load_job
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    other = _copy_of(tiny_bert_dir, tmp_path / "other")
+    job = _compare_job(tmp_path, tiny_bert_dir, [f"{tiny_bert_dir}/", other], finetune=True)
+    assert main([str(job), "--check"]) == 0, capsys.readouterr().err
+    label, others = compared_models(load_job(job))
+    assert label == "finetuned" and [o.label for o in others] == ["base", "other"]
+    job = _compare_job(tmp_path, tiny_bert_dir, [tiny_bert_dir, other, f"{other}/"], finetune=True)
+    _one_line_exit_2([str(job), "--check"], capsys, f"compare.models[2]: '{other}/' is the model compare.models[1]")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_compared_model_failing_a_job_setting_is_named(tmp_path, capsys, monkeypatch, tiny_bert_dir):
+    """A job setting the compared model cannot take (model.max_length past its positions) names the setting and
+    the compared model as written."""
+    from helpers import tiny_bert_config
+    from transformers import AutoTokenizer, BertModel
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    short = tmp_path / "short"  # 64 positions, the job's model 128
+    BertModel(tiny_bert_config(AutoTokenizer.from_pretrained(tiny_bert_dir).vocab_size)).save_pretrained(short)
+    cfg = json.loads((short / "config.json").read_text())
+    cfg["max_position_embeddings"] = 64
+    (short / "config.json").write_text(json.dumps(cfg))
+    BertModel.from_pretrained(short, ignore_mismatched_sizes=True).save_pretrained(short)
+    AutoTokenizer.from_pretrained(tiny_bert_dir).save_pretrained(short)
+    job = _compare_job(tmp_path, tiny_bert_dir, [short])
+    raw = yaml.safe_load(job.read_text())
+    raw["model"]["max_length"] = 100
+    job.write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    _one_line_exit_2(
+        [str(job), "--check"], capsys, f"compare.models[0] ('{short}'): model.max_length: 100 exceeds the model's 64"
+    )

@@ -44,7 +44,11 @@ def _squad_job(tmp_path, model_dir, **sections):
 
 
 def test_a_model_compared_with_itself_changes_nothing(tmp_path, tiny_bert_dir):
-    cfg = _squad_job(tmp_path, tiny_bert_dir, compare={**COMPARE, "models": [str(tiny_bert_dir)]})
+    import shutil
+
+    same = tmp_path / "same"  # the same weights in another folder (compare.models naming model.name is refused)
+    shutil.copytree(tiny_bert_dir, same)
+    cfg = _squad_job(tmp_path, tiny_bert_dir, compare={**COMPARE, "models": [str(same)]})
     summary = run_job(cfg)
     g = zarr.open_group(str(cfg.run_dir / "store.zarr"), mode="r")
     maps = g[S.COMPARE_MAPS][:]
