@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rapids_attn.data.formats import FORMATS
 from rapids_attn.embed.registry import embedder_spec
+from rapids_attn.tls import plain_address, plain_refusal
 
 #: characters of a user's value an error line quotes (then "...", and its length).
 MAX_QUOTED = 120
@@ -678,6 +679,12 @@ class RuntimeConfig(Section):
     threads_per_worker: int = Field(1, gt=0)
     #: worker processes (True) or threads in this process (False; handy for debugging).
     processes: bool = True
+    #: ``scheduler``: join a scheduler that speaks plain, unencrypted TCP (whoever reaches it runs code on its
+    #: workers); off by default, so a ``tcp://`` scheduler is refused
+    plain_tcp: bool = False
+    #: ``scheduler``: the folder of the TLS key and certificate the cluster was started with
+    #: (``python -m rapids_attn.tls FOLDER``); without it, the Dask config's ``distributed.comm.tls.*``
+    tls: Path | None = None
     address: str | None = None
     scheduler_file: Path | None = None
     dashboard_address: str = "127.0.0.1:8787"
@@ -725,12 +732,30 @@ class RuntimeConfig(Section):
             )
         return value
 
+    @field_validator("plain_tcp", "tls")
+    @classmethod
+    def _joined_clusters_only(cls, value, info):
+        if value not in (None, False) and info.data.get("cluster") != "scheduler":
+            raise ValueError(
+                "only used with cluster: scheduler (a local cluster makes TLS credentials of its own); leave it out"
+            )
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _encrypted_unless_told(cls, value: str | None, info) -> str | None:
+        """A plain (``tcp://``) scheduler runs whatever reaches it: joined only with ``plain_tcp: true``."""
+        if value is not None and plain_address(value) and not info.data.get("plain_tcp"):
+            raise ValueError(plain_refusal())
+        return value
+
     @model_validator(mode="after")
     def _scheduler_target(self) -> RuntimeConfig:
         if self.cluster == "scheduler" and not (self.address or self.scheduler_file):
-            raise ValueError("cluster 'scheduler' needs address (tcp://host:8786) or scheduler_file")
+            raise ValueError("cluster 'scheduler' needs address (tls://host:8786) or scheduler_file")
         if self.cluster != "scheduler" and (self.address or self.scheduler_file):
             raise ValueError("address / scheduler_file are only used with cluster: scheduler")
+
         return self
 
 

@@ -215,9 +215,11 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
     _check_run_dir(ctx, cfg)
     built = [STAGES[name].from_job(cfg if STAGES[name].reads_base_model else analysed) for name in stages]
     if any(st.uses_cluster(ctx) for st in built):  # the cluster's settings against this machine (GPUs, TLS)
-        from rapids_attn.runtime import check_runtime
+        from rapids_attn.runtime import check_runtime, reach_scheduler
 
         check_runtime(cfg.runtime)
+        if cfg.runtime.cluster == "scheduler":  # its address and credentials tried now, not after the fine-tune
+            reach_scheduler(cfg.runtime)
     for st in built:
         st.check(ctx)
     _check_requirements(ctx, built)

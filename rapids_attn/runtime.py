@@ -76,6 +76,12 @@ def check_runtime(cfg) -> None:
             )
     if cfg.cluster == "scheduler" and cfg.scheduler_file is not None and not cfg.scheduler_file.is_file():
         raise BackendUnavailableError(f"runtime.scheduler_file: no such file: {cfg.scheduler_file}")
+    if cfg.cluster == "scheduler" and cfg.tls is not None:
+        from rapids_attn import tls
+
+        problem = tls.problem(cfg.tls)
+        if problem:
+            raise JobConfigError(f"runtime.tls: {problem}")
     if secured(cfg):
         import importlib.util
 
@@ -218,7 +224,7 @@ class IgnoreSigint(WorkerPlugin):
 def local_cluster_args(cfg, n_workers: int, security=None) -> dict:
     """``distributed.LocalCluster``'s arguments for ``runtime.cluster: local``, with TLS on every connection
     when given the cluster's credentials (:func:`cluster_security`)."""
-    return {
+    kw = {
         "n_workers": n_workers,
         "threads_per_worker": cfg.threads_per_worker,
         "processes": cfg.processes,
@@ -226,6 +232,23 @@ def local_cluster_args(cfg, n_workers: int, security=None) -> dict:
         "silence_logs": worker_log_level(),
         **tls_args(security),
     }
+    if not cfg.processes:  # a thread worker's own HTTP server (/health, /metrics) would bind every interface
+        kw["worker_dashboard_address"] = "127.0.0.1:0"
+    return kw
+
+
+def dashboard_link(client, cfg) -> str:
+    """The link that opens this cluster's dashboard. distributed builds it from the scheduler's host, which for a
+    cluster of threads (``inproc://HOST/...``) is the machine's external address while the dashboard listens on
+    ``runtime.dashboard_address`` (loopback by default): the link names the host the dashboard was bound to."""
+    link = client.dashboard_link
+    if cfg.cluster == "scheduler":
+        return link
+    host = cfg.dashboard_address.rsplit(":", 1)[0].strip("[]")
+    port = client.scheduler_info().get("services", {}).get("dashboard")
+    if port is None or host in ("", "0.0.0.0", "::"):  # every interface: the scheduler's host is one of them
+        return link
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/status"
 
 
 def local_cuda_cluster_args(cfg, n_workers: int, security=None) -> dict:
@@ -270,11 +293,39 @@ def worker_allocators() -> str:
     return ", ".join(out)
 
 
+#: how long joining an external scheduler keeps trying (distributed retries a refused connection until then)
+JOIN_TIMEOUT = "20s"
+
+
+def scheduler_address(cfg) -> str:
+    """The address ``runtime.cluster: scheduler`` joins: ``runtime.address``, or the one its scheduler file names,
+    refused in one line where it is plain TCP and ``runtime.plain_tcp`` does not say so."""
+    import json
+
+    from rapids_attn import tls
+
+    if cfg.address:
+        return cfg.address  # checked where the job was read
+    try:
+        address = json.loads(cfg.scheduler_file.read_text())["address"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BackendUnavailableError(
+            f"runtime.scheduler_file: cannot read a scheduler's address from {cfg.scheduler_file} ({type(e).__name__}); "
+            "point it at the file dask scheduler --scheduler-file writes"
+        ) from None
+    if not isinstance(address, str):
+        raise BackendUnavailableError(f"runtime.scheduler_file: {cfg.scheduler_file} names no address")
+    if tls.plain_address(address) and not cfg.plain_tcp:
+        raise JobConfigError(f"runtime.scheduler_file: {cfg.scheduler_file} names {address}, " + tls.plain_refusal())
+    return address
+
+
 def join_scheduler(cfg):
     """A client of the existing cluster of ``runtime.cluster: scheduler``, or a one-line error.
 
-    No security is given: the client takes the Dask config's (``distributed.comm.tls.*``), as any Dask client
-    does, so a scheduler secured with TLS is joined with the certificate and key the config names.
+    Its TLS credentials are ``runtime.tls``'s folder (:mod:`rapids_attn.tls`) where given, else the Dask config's
+    (``distributed.comm.tls.*``), as any Dask client takes them. A plain TCP scheduler is joined only with
+    ``runtime.plain_tcp: true`` (:func:`scheduler_address`).
 
     The error is raised after the failed client is collected: a ``Client`` whose start failed is left in a
     reference cycle, and its ``__del__`` stops its event loop under a lock that distributed's loop runners share
@@ -286,34 +337,47 @@ def join_scheduler(cfg):
     from distributed import Client
     from distributed.comm.core import FatalCommClosedError
 
-    target = cfg.address or cfg.scheduler_file
+    from rapids_attn import tls
+
+    address = scheduler_address(cfg)
     field, where = (
-        ("runtime.address", f"at {cfg.address}") if cfg.address else ("runtime.scheduler_file", f"of {target}")
+        ("runtime.address", f"at {address}")
+        if cfg.address
+        else ("runtime.scheduler_file", f"at {address} (of {cfg.scheduler_file})")
     )
+    security = tls.security(cfg.tls) if cfg.tls is not None else None
+    credentials = f"runtime.tls ({cfg.tls})" if cfg.tls is not None else "distributed.comm.tls.* in the Dask config"
     try:
-        if cfg.scheduler_file is not None:
-            return Client(scheduler_file=str(cfg.scheduler_file), timeout="20s")
-        return Client(cfg.address, timeout="20s")
+        return Client(address, security=security, timeout=JOIN_TIMEOUT)
     except TypeError as e:  # distributed's words for a tls:// address and no TLS settings
         if "ssl_context" not in str(e):
             raise
         failure = (
-            f"{field}: the Dask scheduler {where} speaks TLS and the Dask config gives this process no TLS "
-            "credentials; set distributed.comm.tls.ca-file, .client.cert and .client.key (docs/deployment.md, "
+            f"{field}: the Dask scheduler {where} speaks TLS and this process has no TLS credentials; give "
+            "runtime.tls: the folder python -m rapids_attn.tls made for the cluster (or set "
+            "distributed.comm.tls.ca-file, .client.cert and .client.key in the Dask config; docs/deployment.md, "
             "'Securing the cluster')"
         )
     except FatalCommClosedError:  # an OSError: the TLS handshake failed, the address was reached
         failure = (
             f"{field}: the Dask scheduler {where} and this process do not accept each other's TLS certificates; "
-            "check distributed.comm.tls.* in the Dask config (docs/deployment.md, 'Securing the cluster')"
+            f"check {credentials}: it must hold the key the scheduler was started with (docs/deployment.md, "
+            "'Securing the cluster')"
         )
     except (OSError, TimeoutError) as e:
         failure = (
-            f"runtime.address: cannot reach the Dask scheduler at {target} ({type(e).__name__}); "
+            f"{field}: cannot reach the Dask scheduler {where} ({type(e).__name__}); "
             "start it (dask scheduler) or fix the address"
         )
     gc.collect()  # outside the except clause: the failed client is unreferenced now (see above)
     raise BackendUnavailableError(failure)
+
+
+def reach_scheduler(cfg) -> None:
+    """Join ``runtime.cluster: scheduler``'s scheduler and leave it: preflight (and ``--check``) find an address
+    that does not answer, or credentials it does not take, before a stage runs (the fine-tune runs before the
+    cluster is joined)."""
+    join_scheduler(cfg).close()
 
 
 class Runtime:
@@ -382,7 +446,7 @@ class Runtime:
                 "cluster": cfg.cluster,
                 "n_workers": len(workers),
                 "threads_per_worker": cfg.threads_per_worker,
-                "dashboard": self.client.dashboard_link,
+                "dashboard": dashboard_link(self.client, cfg),
                 # tls: every connection authenticated (a local cluster's own credentials, or the config's)
                 "protocol": self.client.scheduler.address.split("://", 1)[0],
             }

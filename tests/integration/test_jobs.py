@@ -108,41 +108,6 @@ def test_squad_v2_half_500_questions_on_two_workers(tmp_path):
 
 
 @pytest.mark.slow
-def test_existing_scheduler_runtime(tmp_path):
-    """jobs/multi_node.yaml's runtime (an existing scheduler via a scheduler file), on CPU workers."""
-    from distributed import LocalCluster
-
-    sched_file = tmp_path / "scheduler.json"
-    with LocalCluster(
-        n_workers=1,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=":0",
-        scheduler_kwargs={"scheduler_file": str(sched_file)},
-    ) as cluster:
-        assert sched_file.is_file() and cluster.scheduler_address
-        r = run_cli(
-            REPO / "jobs" / "multi_node.yaml",
-            "--set",
-            f"runtime.scheduler_file={sched_file}",
-            "model.name=minilm-l6",
-            "embed.name=pooled",
-            "extract.device=cpu",
-            "runtime.learn_backend=cpu",
-            "data.format=squad",
-            f"data.path={REPO / 'rapids_attn' / 'data' / 'quickstart.json'}",
-            "data.limit=12",
-            f"output.dir={tmp_path / 'mn'}",
-            "extract.shard_size=4",
-            cwd=tmp_path,
-        )
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = json.loads((tmp_path / "mn" / "summary.json").read_text())
-    assert s["backend"]["runtime"]["cluster"] == "scheduler"
-    assert s["counts"]["maps"] == 12 * 72
-
-
-@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
 def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
     """jobs/findings_minilm.yaml at a small size: pattern-cnn embedder, repeated-token probes,

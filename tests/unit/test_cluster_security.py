@@ -5,15 +5,13 @@ own); the dashboard stays plain HTTP on loopback. An external scheduler takes th
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import ssl
 
 import dask
 import pytest
 from distributed import Client, LocalCluster
-from distributed.comm import connect
 from distributed.security import Security
+from tls_probe import REFUSED, _client_runs, _identity, _no_certificate
 
 from rapids_attn.errors import BackendUnavailableError
 from rapids_attn.job import RuntimeConfig
@@ -24,48 +22,6 @@ from rapids_attn.runtime import (
     local_cluster_args,
     local_cuda_cluster_args,
 )
-
-# every exception a refused connection may end in: distributed's CommClosedError is an OSError, an SSL error too
-REFUSED = (OSError, TimeoutError, ssl.SSLError)
-
-
-def _identity(address: str, **connection_args) -> dict:
-    """Connect to a scheduler, nanny or worker and ask for its identity: the smallest request every distributed
-    server answers, sent the way any other request (``run`` included) would be."""
-
-    async def ask():
-        comm = await connect(address, timeout=5, **connection_args)
-        try:
-            await comm.write({"op": "identity", "reply": True})
-            return await comm.read()
-        finally:
-            await comm.close()
-
-    return asyncio.run(ask())
-
-
-def _client_runs(address: str, security) -> list:
-    """``Client(address, security=security).run(...)``: what ran, on each worker. The client runs on an event loop
-    of this thread (``asynchronous``) and is closed there, so a refused client leaves no loop thread behind and
-    nothing for its ``__del__`` to do later."""
-
-    async def run():
-        client = Client(address, security=security, asynchronous=True, timeout="5s")  # connects when awaited
-        try:
-            await client
-            return list((await client.run(lambda: "ran")).values())
-        finally:
-            await client.close()  # a refused one too, on its own loop
-
-    return asyncio.run(run())
-
-
-def _no_certificate() -> dict:
-    """TLS as a stranger can do it: verifying nothing, presenting no certificate."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return {"ssl_context": ctx, "require_encryption": True}
 
 
 def test_a_local_cluster_refuses_every_process_without_its_credentials():
@@ -112,12 +68,32 @@ def test_a_local_cluster_refuses_every_process_without_its_credentials():
     assert rt.security is None
 
 
-def test_a_cluster_of_threads_listens_on_no_port():
-    """processes: false talks in-process (inproc://): nothing to connect to, so no credentials to make."""
-    rt = Runtime(RuntimeConfig(n_workers=1, processes=False, dashboard_address="127.0.0.1:0"))
+def _listening() -> set:
+    import os
+
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process(os.getpid()).net_connections() if c.status == "LISTEN"}
+
+
+def test_a_cluster_of_threads_listens_on_loopback_only_and_its_link_opens():
+    """processes: false talks in-process (inproc://): nothing to connect to, so no credentials to make. The
+    dashboard and each worker's HTTP server (/health, /metrics) listen on 127.0.0.1 only (issue 47: the workers'
+    bound every interface), and the printed link is the one that opens (distributed's named the external host)."""
+    import urllib.request
+
+    before = _listening()
+    rt = Runtime(RuntimeConfig(n_workers=2, processes=False, dashboard_address="127.0.0.1:0"))
     with rt as client:
         assert rt.security is None and rt.description["protocol"] == "inproc"
         assert client.scheduler_info()["address"].startswith("inproc://")
+        opened = _listening() - before
+        assert len(opened) == 3, opened  # the dashboard and two workers' HTTP servers
+        assert {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+        link = rt.description["dashboard"]
+        assert link.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(link.replace("/status", "/health"), timeout=10) as r:
+            assert r.status == 200
 
 
 def test_the_cluster_arguments_carry_the_credentials():
@@ -214,3 +190,114 @@ def test_an_external_scheduler_takes_the_dask_configs_tls(tmp_path, tls_schedule
     # its start, where their __del__ waited for ever on the lock distributed's loop runners share
     with dask.config.set(_tls_config(tmp_path, sec)), Runtime(cfg) as client:
         assert list(client.run(lambda: "ran").values()) == ["ran"]
+
+
+def test_runtime_tls_joins_with_the_helpers_folder_and_refuses_another(tmp_path, tls_scheduler):
+    """runtime.tls: the folder python -m rapids_attn.tls writes (here holding the scheduler's own key) is the
+    client's credentials; another folder's key is refused in one line naming runtime.tls."""
+    from rapids_attn import tls
+
+    cluster, sec = tls_scheduler
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    (ours / "dask.pem").write_text(sec.tls_ca_file)
+    (ours / "dask.key").write_text(sec.tls_client_key)
+    (ours / "dask.key").chmod(0o600)
+    rt = Runtime(RuntimeConfig(cluster="scheduler", address=cluster.scheduler_address, tls=ours))
+    with rt as client:
+        assert rt.description["protocol"] == "tls"
+        assert list(client.run(lambda: "ran").values()) == ["ran"]
+    other = tls.make(tmp_path / "other")
+    with pytest.raises(BackendUnavailableError, match=r"^runtime.address: .* each other's TLS .*runtime.tls \("):
+        Runtime(RuntimeConfig(cluster="scheduler", address=cluster.scheduler_address, tls=other)).__enter__()
+
+
+def test_a_plain_scheduler_is_refused_unless_the_job_opts_out(tmp_path):
+    """A plain tcp:// scheduler, given as the address or named by the scheduler file, is refused in one line
+    naming the field; runtime.plain_tcp: true joins it."""
+    from pydantic import ValidationError
+
+    from rapids_attn.errors import JobConfigError
+    from rapids_attn.runtime import scheduler_address
+
+    for address in ("tcp://h:8786", "h:8786", "ucx://h:8786"):
+        with pytest.raises(ValidationError, match="a plain TCP scheduler: whoever reaches it runs code"):
+            RuntimeConfig(cluster="scheduler", address=address)
+        assert RuntimeConfig(cluster="scheduler", address=address, plain_tcp=True).address == address
+    with pytest.raises(ValidationError, match="tls\n.*only used with cluster: scheduler"):
+        RuntimeConfig(tls=tmp_path)
+    with pytest.raises(ValidationError, match="plain_tcp\n.*only used with cluster: scheduler"):
+        RuntimeConfig(plain_tcp=True)
+    file = tmp_path / "scheduler.json"
+    file.write_text('{"address": "tcp://10.0.0.1:8786"}')
+    with pytest.raises(JobConfigError, match=r"^runtime.scheduler_file: .* names tcp://10.0.0.1:8786, a plain TCP"):
+        scheduler_address(RuntimeConfig(cluster="scheduler", scheduler_file=file))
+    assert scheduler_address(RuntimeConfig(cluster="scheduler", scheduler_file=file, plain_tcp=True)).startswith("tcp")
+    file.write_text("{")
+    with pytest.raises(BackendUnavailableError, match=r"^runtime.scheduler_file: cannot read a scheduler's address"):
+        scheduler_address(RuntimeConfig(cluster="scheduler", scheduler_file=file))
+
+
+def test_the_tls_helper_writes_private_credentials_and_keeps_an_existing_key(tmp_path, capsys):
+    from rapids_attn import tls
+    from rapids_attn.errors import JobConfigError
+
+    folder = tmp_path / "tls"
+    assert tls.main([str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert f"--tls-ca-file {folder}/dask.pem --tls-cert {folder}/dask.pem --tls-key {folder}/dask.key" in out
+    assert (folder / "dask.key").stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
+    config = yaml_load((folder / "dask.yaml").read_text())["distributed"]["comm"]
+    assert config["require-encryption"] is True and config["tls"]["client"]["key"] == str(folder / "dask.key")
+    key = (folder / "dask.key").read_text()
+    assert tls.main([str(folder)]) == 2 and "pass --force" in capsys.readouterr().err
+    assert (folder / "dask.key").read_text() == key
+    assert tls.main([str(folder), "--force"]) == 0 and (folder / "dask.key").read_text() != key
+    check_runtime(RuntimeConfig(cluster="scheduler", address="tls://h:1", tls=folder))  # complete: no complaint
+    (folder / "dask.key").chmod(0o644)
+    with pytest.raises(JobConfigError, match=r"^runtime.tls: .*dask.key is readable by others \(mode 644\)"):
+        check_runtime(RuntimeConfig(cluster="scheduler", address="tls://h:1", tls=folder))
+    (folder / "dask.pem").unlink()
+    with pytest.raises(JobConfigError, match=r"^runtime.tls: .* has no dask.pem; make the credentials with"):
+        check_runtime(RuntimeConfig(cluster="scheduler", address="tls://h:1", tls=folder))
+    with pytest.raises(JobConfigError, match=r"^runtime.tls: no such folder"):
+        check_runtime(RuntimeConfig(cluster="scheduler", address="tls://h:1", tls=tmp_path / "none"))
+
+
+def yaml_load(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def test_check_tries_an_external_schedulers_address(tmp_path, capsys, monkeypatch, tiny_bert_dir, pair_data):
+    """--check joins an external scheduler and leaves (issue 47): an address nothing answers at is one line,
+    exit 2, before any stage runs."""
+    import socket
+
+    import yaml
+    from helpers import make_job
+
+    from rapids_attn import runtime
+    from rapids_attn.run import main
+
+    monkeypatch.setattr(runtime, "JOIN_TIMEOUT", "2s")  # nothing listens: the join retries until its timeout
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = make_job(tmp_path, tiny_bert_dir, pair_data)
+    from rapids_attn import tls
+
+    folder = str(tls.make(tmp_path / "tls"))
+    job["runtime"] = {
+        "cluster": "scheduler",
+        "address": f"tls://127.0.0.1:{port}",
+        "tls": folder,
+        "learn_backend": "cpu",
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main([str(path), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: runtime.address: cannot reach the Dask scheduler at tls://")

@@ -75,7 +75,7 @@ def test_gpu_machine_plan(two_gpus_with_cuml):
 
 
 def test_scheduler_workers_decide_their_own_device(no_gpu):
-    p = plan(runtime={"cluster": "scheduler", "address": "tcp://10.0.0.1:8786"})
+    p = plan(runtime={"cluster": "scheduler", "address": "tls://10.0.0.1:8786"})
     assert p.extract.device == "worker"
     assert p.extract.on_this_worker().device == "cpu"  # this "worker" sees no GPU
 

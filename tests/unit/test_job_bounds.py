@@ -275,8 +275,8 @@ def test_local_workers_past_the_machine_are_refused(tmp_path, monkeypatch, sets,
         ["runtime.n_workers=4", "runtime.threads_per_worker=2"],
         ["runtime.threads_per_worker=8"],
         ["runtime.cluster=local-cuda", "runtime.n_workers=64"],  # one per GPU: checked with the devices
-        ["runtime.cluster=scheduler", "runtime.address=tcp://h:8786", "runtime.n_workers=100000"],  # not used
-        ["runtime.cluster=scheduler", "runtime.address=tcp://h:8786", "runtime.threads_per_worker=64"],
+        ["runtime.cluster=scheduler", "runtime.address=tls://h:8786", "runtime.n_workers=100000"],  # not used
+        ["runtime.cluster=scheduler", "runtime.address=tls://h:8786", "runtime.threads_per_worker=64"],
     ],
     ids=["n_workers-8", "4x2", "threads-8", "local-cuda", "scheduler-n_workers", "scheduler-threads"],
 )
