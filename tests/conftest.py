@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI does: no OpenMP spin-waiting on shared cores
+
+# A suite started in the background by a non-interactive shell (`bash .ci/run &`) inherits SIGINT ignored, and an
+# ignored signal stays ignored across exec: the Ctrl-C tests' jobs would never see theirs (CI of 058c0e5 launched
+# so: three Ctrl-C tests timed out). Python's own handler here, so every process the tests start gets the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _cuda_visible() -> bool:
