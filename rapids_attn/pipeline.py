@@ -182,20 +182,6 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         info = dataclasses.replace(info, source=analysed.model.name)
     _check_texts(cfg, data)
     devices = resolve_devices(cfg.extract, cfg.model, cfg.embed, cfg.runtime, stages, cfg.reduce, cfg.cluster)
-    if info.attention == "blocked":
-        from rapids_attn.extract.blocked import check_base
-        from rapids_attn.extract.kernels import resolve_kernel
-
-        check_base(cfg.extract.attention_base, devices.extract.device)
-        if devices.extract.device != "worker":  # else each worker resolves it for the device it sees
-            resolve_kernel(cfg.extract.kernel, devices.extract.device)
-    elif cfg.extract.kernel == "triton" and "extract" in stages:
-        from rapids_attn.errors import ModelError
-
-        raise ModelError(
-            f"extract.kernel: triton runs under the blocked capture, and '{cfg.model.name}' is read with eager "
-            "attention (extract.attention); set extract.kernel: auto or torch"
-        )
     layout = plan_layout(cfg.extract, cfg.embed, cfg.store, len(data), info.n_layers, info.n_heads, cfg.model.name)
     if cfg.extract.shard_size == "auto":
         layout = _resumed_shard_size(cfg, layout, data.fingerprint)

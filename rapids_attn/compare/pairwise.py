@@ -35,7 +35,7 @@ import torch
 from torch.special import entr
 
 from rapids_attn.errors import ModelError
-from rapids_attn.extract.kernels import SinkNeeds
+from rapids_attn.extract.maps import SinkNeeds
 
 #: the most one block of weights (a batch's heads x rows x keys, float32) may take, per model
 BLOCK_BYTES = 32 << 20
@@ -84,10 +84,10 @@ class LayerQK:
 
     def rows(self, r0: int, r1: int, scores: torch.Tensor | None = None, out: torch.Tensor | None = None):
         """This layer's weights for query rows r0 .. r1 - 1, [b, h, rows, kv]: the softmax of the masked scores
-        (hidden keys score :data:`~rapids_attn.extract.blocked.MASKED`, so their weight is exactly 0). ``scores``
+        (hidden keys score :data:`~rapids_attn.extract.blocks.MASKED`, so their weight is exactly 0). ``scores``
         and ``out``, [b, h, rows, kv] float32, are where the scores and the weights go (the caller's reused
         buffers: on the CPU a fresh block is fresh memory, its first writes page faults); fresh ones without."""
-        from rapids_attn.extract.blocked import mask_rows
+        from rapids_attn.extract.blocks import mask_rows
 
         s = torch.matmul(self.q[:, :, r0:r1], self.k.transpose(-1, -2), out=scores)
         if self.softcap:
@@ -135,7 +135,7 @@ def pair_sums(a: QueryKeys, b: QueryKeys, lengths: torch.Tensor, block_bytes: in
     (``lengths``: each example's tokens; a padding row counts nothing, whatever it holds): (cosine, mean
     Jensen-Shannon divergence), each [batch, layers, heads] float64 on the host. The sums stay on the device
     until the end: one copy per batch."""
-    from rapids_attn.extract.blocked import block_rows
+    from rapids_attn.extract.maps import block_rows
 
     layers = sorted(a.layers)
     if layers != sorted(b.layers) or not layers:

@@ -16,8 +16,9 @@ import torch
 
 from rapids_attn.errors import ModelError
 from rapids_attn.extract.blocked import PREFIX as BLOCKED_PREFIX
-from rapids_attn.extract.blocked import ScratchPool
-from rapids_attn.extract.kernels import KernelLog, SinkNeeds, TorchKernel
+from rapids_attn.extract.blocks import ScratchPool
+from rapids_attn.extract.kernels import KernelLog, TorchKernel
+from rapids_attn.extract.maps import SinkNeeds
 
 Sink = Callable[[int, torch.Tensor], None]  # (layer index, weights [batch, head, q, k])
 

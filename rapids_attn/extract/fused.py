@@ -160,7 +160,7 @@ class LayerSums:
 
 @dataclass
 class MaskSpec:
-    """How one layer hides keys, in the forms the blocked path reads (:func:`rapids_attn.extract.blocked.mask_rows`):
+    """How one layer hides keys, in the forms the blocked path reads (:func:`rapids_attn.extract.blocks.mask_rows`):
     ``mask`` None, [batch, keys] (a key padding mask) or [batch, 1 or heads, q, keys] (boolean, or additive
     floats); ``causal`` with ``window`` (0: none) and ``past`` keys before the first query."""
 

@@ -11,7 +11,7 @@ what it takes in one typed value, :class:`SinkNeeds`; a kernel says which layers
 
 Registered kernels (:data:`KERNELS`, ``extract.kernel``):
 
-- ``torch``: the blocked PyTorch path (:func:`rapids_attn.extract.blocked.blocked_weights`): the reference, the CPU
+- ``torch``: the blocked PyTorch path (:func:`rapids_attn.extract.blocks.blocked_weights`): the reference, the CPU
   default, and every sink's fallback;
 - ``triton``: the fused kernel (:mod:`rapids_attn.extract.fused`): one launch per layer, the CUDA default
   (``auto``); on the CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``), for checking.
@@ -30,27 +30,10 @@ from typing import Protocol
 import torch
 
 from rapids_attn.errors import ModelError
+from rapids_attn.extract.blocks import blocked_weights, head_map, needs_of
 
 #: ``extract.kernel``'s values
 KERNEL_CHOICES = ("auto", "torch", "triton")
-
-
-@dataclass(frozen=True)
-class SinkNeeds:
-    """What a sink takes from a layer, one value instead of flags across classes:
-
-    - ``rows``: blocks of attention weights, ``add_rows(layer, block, first_row, ...)``;
-    - ``numerators``: ``add_rows`` also takes a block of softmax numerators with their
-      :class:`~rapids_attn.extract.maps.SoftmaxRows` (the blocked path's fast path);
-    - ``sums``: a fused kernel's sums over rows, ``add_sums(layer, sums, pair_weights)``, with
-      ``kernel_inputs()`` (what the kernel reduces against) and ``heads_only`` (LayerReducer on a batch);
-    - ``qk``: the layer's scaled queries and keys instead of its rows, ``add_qk(layer, LayerQK)``
-      (:mod:`rapids_attn.compare`)."""
-
-    rows: bool = True
-    numerators: bool = False
-    sums: bool = False
-    qk: bool = False
 
 
 @dataclass
@@ -105,8 +88,6 @@ class TorchKernel:
         return None
 
     def run(self, layer: LayerAttention, sink, index: int, output: bool) -> torch.Tensor | None:
-        from rapids_attn.extract.blocked import blocked_weights
-
         return blocked_weights(
             layer.module,
             layer.query,
@@ -203,24 +184,8 @@ class TritonKernel:
         return out
 
 
-def head_map(query: torch.Tensor, key: torch.Tensor, head_list: list[int] | None):
-    """The sink's query heads (``head_list``; None: all of them), whether they are every head in order, their index
-    on the query's device, and the key head each reads (grouped-query attention: query head h reads key head
-    h // (query heads / key heads))."""
-    n_q_heads = query.shape[1]
-    heads = list(head_list) if head_list is not None else list(range(n_q_heads))
-    idx = torch.tensor(heads, device=query.device)
-    kv_heads = torch.div(idx, n_q_heads // key.shape[1], rounding_mode="floor")
-    return heads, heads == list(range(n_q_heads)), idx, kv_heads
-
-
 #: ``extract.kernel`` -> the kernel's class (a new kernel is registered here)
 KERNELS: dict[str, type] = {"torch": TorchKernel, "triton": TritonKernel}
-
-
-def needs_of(sink) -> SinkNeeds:
-    """What ``sink`` takes: its ``needs`` (every sink class declares it)."""
-    return sink.needs
 
 
 def resolve_kernel(choice: str, device: str) -> str:

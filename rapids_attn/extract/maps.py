@@ -20,8 +20,33 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rapids_attn.extract.kernels import SinkNeeds
 from rapids_attn.extract.signature import DETECTOR_NAMES, PROFILE_OFFSETS, RECENT_WINDOW, SINK_TOKENS, STAT_NAMES
+
+
+@dataclass(frozen=True)
+class SinkNeeds:
+    """What a sink takes from a layer, one value instead of flags across classes:
+
+    - ``rows``: blocks of attention weights, ``add_rows(layer, block, first_row, ...)``;
+    - ``numerators``: ``add_rows`` also takes a block of softmax numerators with their
+      :class:`~rapids_attn.extract.maps.SoftmaxRows` (the blocked path's fast path);
+    - ``sums``: a fused kernel's sums over rows, ``add_sums(layer, sums, pair_weights)``, with
+      ``kernel_inputs()`` (what the kernel reduces against) and ``heads_only`` (LayerReducer on a batch);
+    - ``qk``: the layer's scaled queries and keys instead of its rows, ``add_qk(layer, LayerQK)``
+      (:mod:`rapids_attn.compare`)."""
+
+    rows: bool = True
+    numerators: bool = False
+    sums: bool = False
+    qk: bool = False
+
+
+def block_rows(batch: int, heads: int, kv_len: int, budget_bytes: int) -> int:
+    """Query rows per block so that a block's float32 scores and weights fit in ``budget_bytes``."""
+    # scores, mask and weights (the reducer's one-pass temporaries, a block each, reuse that room), and the |i - j|
+    # and band rows the reducer caches for the block's rows
+    per_row = max(batch * heads * kv_len * 4 * 3 + kv_len * 4 * 6, 1)
+    return max(1, int(budget_bytes // per_row))
 
 
 def repeat_masks(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -388,7 +413,6 @@ class LayerReducer:
         induction and far-induction positions, ``pair_weights(example, row, key) -> [P, head]`` (the kernel's
         log-sum-exp gathers), added to their example's sums by one ``index_add_``. The layer is finished by
         :meth:`end_layer` as after :meth:`add_rows`."""
-        from rapids_attn.extract.blocked import block_rows
         from rapids_attn.extract.fused import SUMS
 
         pos = self.layer_pos.get(layer)

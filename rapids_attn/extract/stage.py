@@ -128,11 +128,32 @@ class ExtractStage(Stage):
         from rapids_attn.runtime import check_runtime
         from rapids_attn.store.zarr_store import store_action
 
+        self.check_capture(ctx)
         check_runtime(self.runtime_cfg)
         # refuses what it may not touch; another job's store is named with what changed since it was made
         store_action(
             ctx.store_path, ctx.key, ctx.layout, ctx.overwrite, ctx.job, getattr(ctx.data, "fingerprint", None)
         )
+
+    def check_capture(self, ctx: RunContext) -> None:
+        """The capture's settings against the model and the device: the blocked capture's base implementation
+        (``extract.attention_base``) and kernel (``extract.kernel``, resolved here where the job's process knows the
+        device; each worker resolves it for the device it sees), and no Triton kernel under eager attention."""
+        x, device = self.extract_cfg, ctx.devices.extract.device
+        if ctx.model.attention == "blocked":
+            from rapids_attn.extract.blocked import check_base
+            from rapids_attn.extract.kernels import resolve_kernel
+
+            check_base(x.attention_base, device)
+            if device != "worker":
+                resolve_kernel(x.kernel, device)
+        elif x.kernel == "triton":
+            from rapids_attn.errors import ModelError
+
+            raise ModelError(
+                f"extract.kernel: triton runs under the blocked capture, and '{self.model_cfg.name}' is read with "
+                "eager attention (extract.attention); set extract.kernel: auto or torch"
+            )
 
     def uses_cluster(self, ctx: RunContext) -> bool:
         return True

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rapids_attn.extract.kernels import SinkNeeds
+from rapids_attn.extract.maps import SinkNeeds
 from rapids_attn.extract.signature import SINK_TOKENS
 
 

@@ -10,10 +10,12 @@ import torch
 from helpers import TINY_VOCAB, tiny_attention_model
 
 import rapids_attn.extract.blocked as blocked_mod
+import rapids_attn.extract.blocks as blocks_mod
+import rapids_attn.extract.kernels as kernels_mod
 from rapids_attn.extract import maps
-from rapids_attn.extract.blocked import block_rows, register
+from rapids_attn.extract.blocked import register
 from rapids_attn.extract.capture import AttentionCapture
-from rapids_attn.extract.maps import LayerReducer, TokenMasks
+from rapids_attn.extract.maps import LayerReducer, TokenMasks, block_rows
 from rapids_attn.extract.model import resolve_base
 
 VOCAB = TINY_VOCAB
@@ -188,7 +190,8 @@ def test_the_capture_base_gives_the_output_from_its_own_weights(kind, heads):
     for budget in (1 << 26, 2000):  # one block a layer; many blocks
         red = LayerReducer(lengths, masks, [0, 1], heads, 8, 4, causal, "cpu", block_bytes=budget)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(blocked_mod, "blocked_weights", spy)
+            mp.setattr(blocked_mod, "blocked_weights", spy)  # the output alone
+            mp.setattr(kernels_mod, "blocked_weights", spy)  # the torch kernel
             out = AttentionCapture(own, 2).run(batch, red).last_hidden_state
         assert calls == [len(heads) == 4] * 2
         calls.clear()
@@ -369,7 +372,7 @@ def test_a_plain_sink_gets_whole_maps_from_the_blocked_path():
 def test_a_causal_block_reads_later_keys_a_prefix_mask_shows():
     """A causal block reads keys up to its last row, unless a 4-D mask lets its rows see later keys (a
     prefix-LM mask: image or prompt tokens attended both ways under is_causal)."""
-    from rapids_attn.extract.blocked import _visible_keys
+    from rapids_attn.extract.blocks import _visible_keys
 
     causal = torch.ones(10, 10, dtype=torch.bool).tril()[None, None]
     assert _visible_keys(None, 0, 4, 0, 10) == 4
@@ -381,14 +384,14 @@ def test_a_causal_block_reads_later_keys_a_prefix_mask_shows():
 
 
 def test_one_scores_buffer_serves_every_block_of_a_forward(monkeypatch):
-    """A forward's blocks of scores, in every layer, are views of one buffer (blocked.ScratchPool), allocated once
+    """A forward's blocks of scores, in every layer, are views of one buffer (blocks.ScratchPool), allocated once
     and released when the forward ends: fresh CPU memory per block, or per layer, would page-fault past glibc's
     mmap threshold."""
     eager, blocked, _, _ = _models("llama")
     lengths = [23, 17, 9, 1]
     batch = _batch(lengths)
     allocations, pools, products = [], [], []
-    real_matmul, real_get = torch.matmul, blocked_mod.ScratchPool.get
+    real_matmul, real_get = torch.matmul, blocks_mod.ScratchPool.get
 
     def get(pool, numel, device):
         pools.append(pool)
@@ -402,8 +405,8 @@ def test_one_scores_buffer_serves_every_block_of_a_forward(monkeypatch):
             products.append(out.data_ptr() - pools[-1]._buf.data_ptr())  # where in the buffer it lands
         return real_matmul(a, b, out=out)
 
-    monkeypatch.setattr(blocked_mod.ScratchPool, "get", get)
-    monkeypatch.setattr(blocked_mod.torch, "matmul", matmul)
+    monkeypatch.setattr(blocks_mod.ScratchPool, "get", get)
+    monkeypatch.setattr(torch, "matmul", matmul)
     budget = 3 * (4 * 4 * 23 * 4 * 3 + 23 * 4 * 6)  # 3 rows a block: many blocks per layer
     got = _reduce(blocked, batch, lengths, [0, 1, 2, 3], True, budget)
     monkeypatch.undo()
@@ -419,7 +422,7 @@ def test_one_scores_buffer_serves_every_block_of_a_forward(monkeypatch):
 def test_a_half_precision_additive_mask_hides_its_keys(dtype):
     """An additive mask hides a key with its dtype's least value: float16's is -65504, which added to a score stays far
     above the blocked path's MASKED; any value at or below it (or -inf) is a hidden key all the same, weighing 0."""
-    from rapids_attn.extract.blocked import MASKED, mask_rows
+    from rapids_attn.extract.blocks import MASKED, mask_rows
 
     least = torch.finfo(dtype).min
     mask = torch.zeros(2, 1, 3, 5, dtype=dtype)

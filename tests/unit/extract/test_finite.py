@@ -15,7 +15,7 @@ from rapids_attn.errors import ModelError
 from rapids_attn.extract import shard as shard_mod
 from rapids_attn.extract.capture import AttentionCapture, check_probe_map, not_finite
 from rapids_attn.extract.signature import STAT_NAMES, first_not_finite
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 
 
 def _poison(model, layer: int) -> None:

@@ -310,7 +310,7 @@ def test_a_whole_job_on_the_triton_kernel_stores_what_the_torch_kernel_stores_an
     import zarr
     from helpers import make_job
 
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import run_job
 
     runs = {}
@@ -388,7 +388,8 @@ def test_the_kernel_compiles_for_hopper_without_a_gpu(tmp_path):
 def test_a_mask_per_head_with_a_subset_of_the_heads_falls_back():
     """A 4-D mask with a row per head is indexed by the model's head; the kernel numbers the captured heads, so a
     subset of them with such a mask runs the torch kernel (and says why)."""
-    from rapids_attn.extract.kernels import LayerAttention, SinkNeeds
+    from rapids_attn.extract.kernels import LayerAttention
+    from rapids_attn.extract.maps import SinkNeeds
 
     class Sink:
         needs = SinkNeeds(sums=True)

@@ -214,7 +214,7 @@ def test_an_encoder_decoder_model_is_read_by_its_encoder_in_every_stage(tmp_path
 
     from rapids_attn.extract.capture import AttentionCapture
     from rapids_attn.heads.metrics import metric_for
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import run_job
 
     folder = _save_encoder_decoder(tmp_path / kind, kind)
@@ -343,7 +343,7 @@ def test_checkpoint_dtype_is_what_the_config_names(tmp_path, tiny_bert_dir, monk
     from helpers import make_job, pair_rows, write_jsonl
 
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import preflight
 
     data = write_jsonl(tmp_path / "d.jsonl", pair_rows(4))

@@ -8,7 +8,7 @@ from rapids_attn.data import Example
 from rapids_attn.extract.batching import tokenize
 from rapids_attn.extract.model import load_tokenizer
 from rapids_attn.extract.shard import Extractor, ShardTask
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import preflight
 
 

@@ -9,7 +9,7 @@ import zarr
 from helpers import make_job, write_jsonl
 
 from rapids_attn.extract.stage import ExtractStage
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import preflight
 from rapids_attn.store import schema as S
 
