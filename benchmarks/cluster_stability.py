@@ -5,7 +5,7 @@ For each run it redoes the learn stage's fit exactly (the job's own fit sample, 
 ``rapids_attn.learn.fit``'s code), then fits KMeans with seeds 0..S-1 at each ``n_init`` and prints
 a markdown table: the adjusted Rand index (ARI) of every other seed's labels of the fit sample against
 seed 0's (min and mean), and the seconds per fit. The result is recorded in docs/benchmarks.md
-("Cluster stability").
+(its row; the protocol: docs/decisions/2026-11-22-in-process-suite.md).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import zarr
 from sklearn.metrics import adjusted_rand_score
 
 from rapids_attn.backends.learn import LearnBackend
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.learn.storeio import read_sample, sample_maps
 from rapids_attn.store import schema as S
 from rapids_attn.store.schema import read_strings

@@ -10,7 +10,8 @@ pickling every shard task; no worker starts and no model runs. Two paths, side b
   written from the driver, and each task carrying its shard's examples (what a job did before).
 
 Prints a markdown table of peak RSS (``ru_maxrss``) and seconds per case, and writes every number to
-``--out``. The result is recorded in docs/benchmarks.md ("Driver memory").
+``--out``. The result is recorded in docs/benchmarks.md (its row; the protocol:
+docs/decisions/2026-11-22-in-process-suite.md).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def generate(n: int, seed: int, out_dir: Path, formats: list[str]) -> dict[str, 
 
 
 def _cfg(data: Path, run_dir: Path, shard_size: int):
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     raw = {
         "name": "driver-memory",

@@ -8,7 +8,8 @@ thumbnails) until it holds each requested number of maps, writes the explorer wi
 ``write_explorer``, and opens it in headless Chromium with every non-file request blocked (tools/check_explorer):
 file size, seconds to write it, seconds from navigation to the first rendered map view, from a mouse move to
 a visible tooltip, and from a cluster choice to both views filtered. Needs Playwright's Python package and a
-Chromium (tools/check_explorer). Results are recorded in docs/benchmarks.md ("The interactive explorer").
+Chromium (tools/check_explorer). Results are recorded in docs/benchmarks.md (its row; the protocol:
+docs/decisions/2026-11-24-explorer-size.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ mark (``ru_maxrss``), on a GPU ``torch.cuda.max_memory_allocated``. A run the ma
 started: its predicted size (the eager path's float32 scores, weights and softmax temporaries, 3 x heads x
 T^2 x 4 bytes per layer) is printed instead, beside the memory the machine has. Prints a markdown table,
 then the throughput of ``blocked`` and ``capture`` as a fraction of ``sdpa`` at each length. Results are recorded in
-docs/benchmarks.md ("Long contexts").
+docs/benchmarks.md (its rows; the protocol: docs/decisions/2026-11-24-long-context-memory.md).
 """
 
 from __future__ import annotations
