@@ -34,10 +34,10 @@ mapfile -t reqs < <(python3 tests/contract/requirements.py)
 ((${#reqs[@]})) || { echo "contract tier: tests/contract/requirements.py printed no requirements" >&2; exit 1; }
 
 # the install recipe: part of the key, so a change here rebuilds the venv. pip first: the resolver
-# dry run needs pip 23.3 or newer (older ones fail to resolve torch's cuda-toolkit extras with cuML's)
+# dry run needs pip 25.1 or newer (older ones back off through cuda-toolkit versions: docs/install.md)
 build_venv() {
     python3 -m venv --clear "$1"
-    "$1/bin/python" -m pip install -q --upgrade "pip>=23.3"
+    "$1/bin/python" -m pip install -q --upgrade "pip>=25.1"
     "$1/bin/python" -m pip install -q "${@:2}"
 }
 
@@ -78,8 +78,8 @@ try:
             sys.exit(f"contract tier: {req.name} {version} does not satisfy {line}")
     for module in ("cuml", "cuml.dask", "dask_cuda", "rmm", "cupy", "pytest"):
         importlib.import_module(module)
-    if not Requirement("pip>=23.3").specifier.contains(md.version("pip")):  # the resolver dry run's
-        sys.exit(f"contract tier: pip {md.version('pip')} is older than 23.3")
+    if not Requirement("pip>=25.1").specifier.contains(md.version("pip")):  # the resolver dry run's
+        sys.exit(f"contract tier: pip {md.version('pip')} is older than 25.1")
 except Exception as e:  # a missing distribution, a module that no longer imports
     sys.exit(f"contract tier: the venv fails its check: {e!r}")
 EOF

@@ -38,6 +38,7 @@ CUDA_MAJOR = 13
 GPU_STACK = ("torch", "torchvision", "cuml-cu13", "cupy-cuda13x", "rmm-cu13", "dask-cuda")
 GPU_STACK += ("raft-dask-cu13", "dask-cudf-cu13")  # what cuml.dask needs
 OFFLINE = "RAPIDS_CONTRACT_OFFLINE"
+MIN_PIP = "25.1"  # the oldest pip that resolves the extra without backtracking (docs/install.md, tests/contract/run.sh)
 IN_TIER = importlib.util.find_spec("cuml") is not None  # the contract tier's venv (run.sh)
 # PIP_* variables that only say how to talk to an index, not which one or what to allow: kept
 PIP_TRANSPORT = {"PIP_CERT", "PIP_CLIENT_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_TIMEOUT", "PIP_RETRIES", "PIP_PROXY"}
@@ -75,7 +76,12 @@ def extra_spec(package: str) -> str:
 def test_the_extra_is_one_cuda_major():
     majors = {r: cuda_major(canonical(re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0])) for r in gpu_extra()}
     assert {m for m in majors.values() if m is not None} == {CUDA_MAJOR}, majors
-    assert extra_spec("torch").startswith("torch>=") and extra_spec("torchvision").startswith("torchvision>=")
+    # torch pinned exactly, so pip settles it (and its exact cuda-toolkit) before RAPIDS' cuda-toolkit==13.*, and
+    # torchvision to the one release line built for it: a torch range backtracks (pyproject.toml says why)
+    assert re.fullmatch(r"torch==2\.\d+\.\d+", extra_spec("torch")), extra_spec("torch")
+    torch_minor = int(extra_spec("torch").split(".")[1])
+    # torchvision 0.N pairs with torch 2.(N-15): 0.29 with 2.14
+    assert extra_spec("torchvision") == f"torchvision==0.{torch_minor + 15}.*", extra_spec("torchvision")
 
 
 def test_the_docs_give_the_one_gpu_install_and_no_other_index():
@@ -91,6 +97,17 @@ def test_the_docs_give_the_one_gpu_install_and_no_other_index():
             # another index would bring torch or RAPIDS builds the dry run below never saw
             assert not re.search(r"--(extra-)?index-url|download\.pytorch\.org", line), where
             assert not re.search(r"-cu12\b|cuda12x|cu12\d\b", line), where
+
+
+def test_the_install_manual_gives_the_gpu_install_and_only_the_cpu_index():
+    """docs/install.md: the GPU install after a pip upgrade, with the minimum pip the dry run below asks for; the one
+    other index it names is PyTorch's CPU-only one, for the CPU route, never beside the gpu extra."""
+    text = (REPO / "docs" / "install.md").read_text()
+    assert INSTALL in text and "python -m pip install --upgrade pip" in text
+    assert f"pip {MIN_PIP} or newer" in text
+    for n, line in enumerate(text.splitlines(), 1):
+        if "pip install" in line and re.search(r"--(extra-)?index-url", line):
+            assert "https://download.pytorch.org/whl/cpu" in line and "[gpu]" not in line, f"docs/install.md:{n}"
 
 
 def test_the_image_is_the_extras_release_and_cuda_major():
@@ -158,9 +175,9 @@ def test_the_documented_gpu_install_resolves_to_one_cuda_major(tmp_path, capsys)
     from packaging.version import Version
 
     pip = md.version("pip")
-    assert Version(pip) >= Version("23.3"), (
-        f"pip {pip}: the docs ask for pip 23.3 or newer (older ones cannot resolve torch's cuda-toolkit extras "
-        "with cuML's); run.sh's build_venv upgrades it"
+    assert Version(pip) >= Version(MIN_PIP), (
+        f"pip {pip}: the docs ask for pip {MIN_PIP} or newer (older ones back off through cuda-toolkit versions "
+        "before they settle torch's with cuML's, docs/install.md); run.sh's build_venv upgrades it"
     )
     # the index first, briefly: an unreachable index then fails in seconds, not after pip's retries
     probe = _pip("index", "versions", "dask-cuda", "--retries", "1", "--timeout", "30", timeout=120)
@@ -197,6 +214,9 @@ def test_the_documented_gpu_install_resolves_to_one_cuda_major(tmp_path, capsys)
             _unreachable(proc)
         pytest.fail(f"the resolver dry run of `{INSTALL}` failed ({seconds:.0f} s):\n{_tail(proc)}")
 
+    # bounded so that pip never backtracks (a torch range did, through seven torch releases)
+    backtracked = [line.strip() for line in proc.stdout.splitlines() if "pip is looking at multiple versions" in line]
+    assert not backtracked, f"`{INSTALL}` resolves only after backtracking ({seconds:.0f} s): {backtracked}"
     install = json.loads(report.read_text())["install"]
     resolved = {canonical(item["metadata"]["name"]): item["metadata"] for item in install}
     versions = {name: meta["version"] for name, meta in resolved.items()}
