@@ -300,12 +300,14 @@ def _scatter(g, maps: Maps, rng: np.random.Generator, size: int) -> ScatterSampl
     )
 
 
-def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArrays]:
+def describe(g, cfg, seed: int = 0, tokenizer=None, say=None) -> tuple[Findings, FigureArrays]:
     """Describe every cluster of a store whose learn stage is complete.
 
     cfg: the job's ExplainConfig. seed fixes the random exemplars and the scatter sample (and the
-    permutations); tokenizer, if given, names its own first and separator tokens in the stat labels.
+    permutations); tokenizer, if given, names its own first and separator tokens in the stat labels. say, if
+    given, is called with a one-line status before each long step (the explain stage prints it).
     """
+    say = say or (lambda _msg: None)
     maps = _read_maps(g)
     rng = np.random.default_rng(seed)
     sums = _accumulate(g, maps)
@@ -344,6 +346,8 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
         scatter=_scatter(g, maps, rng, cfg.scatter_sample),
         head_detectors=head_det,
     )
+    say(f"clusters against example label and group ({cfg.permutations:,} permutations each)")
+    metadata = metadata_findings(maps.labels, ex.groups, ex.labels, maps.per_ex, cfg.permutations, seed)
     findings = Findings(
         layers=maps.layers,
         heads=maps.heads,
@@ -352,7 +356,7 @@ def describe(g, cfg, seed: int = 0, tokenizer=None) -> tuple[Findings, FigureArr
         global_means={s: float(sums.overall[j]) for j, s in enumerate(maps.stat_names)},
         clusters=clusters,
         heads_table=heads_table,
-        metadata=metadata_findings(maps.labels, ex.groups, ex.labels, maps.per_ex, cfg.permutations, seed),
+        metadata=metadata,
         warnings=list(learn.get("warnings") or []) + dominated,
         k_sweep=KSweep.from_dict(learn.get("k_sweep")),
         detectors=detectors,

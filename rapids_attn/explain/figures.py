@@ -5,9 +5,10 @@ explicit Agg canvas, never through ``pyplot``. That is the safe form of ``matplo
 rendering is headless and thread-safe whatever backend is configured, there is no global figure
 state to leak or close, and the backend a caller (a notebook, say) has chosen is left alone.
 
-Cluster colours come from :func:`cluster_colors`, so a cluster has the same colour in the scatter
-and in the dominant-cluster grid. :class:`FigureFiles` holds the names of a report's figures, which
-:mod:`rapids_attn.explain.report` renders and :mod:`rapids_attn.explain.sections` links to.
+Cluster colours come from :func:`cluster_colors`, the one palette of :mod:`rapids_attn.explain.palette`, so a
+cluster has the same colour in the scatter, in the dominant-cluster grid and in the explorer.
+:class:`FigureFiles` holds the names of a report's figures, which :mod:`rapids_attn.explain.report` renders and
+:mod:`rapids_attn.explain.sections` links to.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from matplotlib.colors import BoundaryNorm, PowerNorm, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from rapids_attn.explain.palette import NOISE, cluster_colour
+
 if TYPE_CHECKING:
     from rapids_attn.explain.findings import HeadTable, KSweep, ScatterSample
 
 DPI = 100
-NOISE_COLOR = (0.72, 0.72, 0.72, 1.0)
+NOISE_COLOR = to_rgba(NOISE)
 UNKNOWN_COLOR = (1.0, 1.0, 1.0, 1.0)
 #: perceptual colour map for attention thumbnails (bright = more attention)
 THUMB_CMAP = "viridis"
@@ -77,23 +80,10 @@ def save(fig: Figure, out_dir, name: str) -> str:
 
 
 def cluster_colors(cluster_ids) -> dict[int, tuple]:
-    """A colour per cluster id, stable for a given id order (largest cluster first); noise (-1)
-    is grey. tab10 up to 10 clusters, tab20 up to 20, then evenly spaced hues."""
-    ids = [int(c) for c in cluster_ids if int(c) != -1]
-    n = len(ids)
-    if n <= 10:
-        base = [matplotlib.colormaps["tab10"](i) for i in range(10)]
-    elif n <= 20:
-        tab = matplotlib.colormaps["tab20"]
-        base = [tab(2 * i) for i in range(10)] + [tab(2 * i + 1) for i in range(10)]
-    else:
-        hsv = matplotlib.colormaps["hsv"]
-        # interleave hues so neighbours in size order are far apart on the wheel
-        step = 7 if n % 7 else 5
-        base = [hsv(((i * step) % n) / n * 0.92) for i in range(n)]
-    out = {c: tuple(base[i % len(base)]) for i, c in enumerate(ids)}
-    out[-1] = NOISE_COLOR
-    return out
+    """An RGBA colour per cluster id, in the ids' order: the one palette
+    (:func:`rapids_attn.explain.palette.cluster_colour`, the explorer's too), so a cluster's colour depends on its
+    id alone; noise (-1) grey."""
+    return {int(c): to_rgba(cluster_colour(c)) for c in cluster_ids}
 
 
 def _text_color(rgba) -> str:

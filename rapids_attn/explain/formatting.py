@@ -138,5 +138,5 @@ def img(name: str | None, alt: str, cls: str = "") -> str:
 
 def swatch(cid: int, colors: dict) -> str:
     """A small square in a cluster's colour."""
-    rgb = "".join(f"{int(255 * v):02x}" for v in colors[cid][:3])
+    rgb = "".join(f"{round(255 * v):02x}" for v in colors[cid][:3])
     return f'<span class="swatch" style="background:#{rgb}"></span>'
