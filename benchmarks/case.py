@@ -100,7 +100,7 @@ def _gpu_peak() -> int | None:
 
 
 def _job(spec: dict, run_dir: Path):
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     sets = [
         f"data.path={spec['data']}",

@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     from rapids_attn.extract.capture import AttentionCapture
     from rapids_attn.extract.model import load_model
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import ExtractConfig, load_job
+    from rapids_attn.job import ExtractConfig
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import preflight
 
     torch.set_num_threads(os.cpu_count())

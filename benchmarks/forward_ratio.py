@@ -17,7 +17,8 @@ their mean is the figure.
 Printed: the three times, the job's throughput as a fraction of each bare forward's (bare seconds / job
 seconds), and where the job's time goes, by phase (summary.json: preflight, worker start, model load per
 worker, extract's forward / embed / write summed over workers, the extract stage's wall clock, learn,
-explain, worker stop). Results are recorded in docs/benchmarks.md ("The whole job against the bare forward").
+explain, worker stop). Results are recorded in docs/benchmarks.md (its rows; the
+protocol: docs/decisions/2026-11-26-forward-ratio.md).
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
                 node = node.setdefault(part, {})
             node[leaf] = yaml.safe_load(value)
         job_yaml.write_text(yaml.safe_dump(spec_job, sort_keys=False))
-        from rapids_attn.job import load_job
+        from rapids_attn.jobfile import load_job
 
         cfg = load_job(job_yaml)
         from rapids_attn.extract.model import describe_model

@@ -216,7 +216,7 @@ def report(R: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from rapids_attn.job import HeadsConfig
+    from rapids_attn.heads.config import HeadsConfig
 
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.heads", description=" ".join(__doc__.split("\n\n")[0].split())

@@ -298,7 +298,7 @@ def main(argv=None) -> int:
         print(f"error: --baseline-questions must be 1..--questions ({args.questions}), got {nb}", file=sys.stderr)
         return 2
     from rapids_attn.data import read_examples
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     sample = read_examples(args.data, format="squad", sample=args.questions, seed=args.seed)
     ids = random.Random(args.seed).sample([e.id for e in sample], nb) if nb < len(sample) else [e.id for e in sample]

@@ -19,7 +19,7 @@ weights, or ``--model bert-base`` (12 x 12, hidden 768); inputs are SQuAD questi
 one batch through :meth:`rapids_attn.extract.shard.Extractor.run_batch`'s capture (the blocked capture with the
 job's defaults: ``attention_base: capture``, 64 MiB blocks unless ``--block-mb``; and eager), against the bare forward of the same model (eager attention, and SDPA)
 on the same padded batch. Printed as a table (``--out`` also writes the rows as JSON); recorded in docs/benchmarks.md
-("Operations per batch").
+(its rows; the protocol: docs/decisions/2026-11-27-capture-shaped-for-gpu.md).
 
 ``--kernel triton`` (or ``both``) counts the fused kernel (extract.kernel, issue 45): each Triton launch is one
 operation, as on a GPU. Where no GPU is visible the launch's body would run in Triton's interpreter (minutes a batch
@@ -211,7 +211,9 @@ def squad_pairs(n: int, data: Path = DEFAULT_DATA, seed: int = 0):
 def extractor(model_dir: Path, attention: str = "blocked", block_mb: int | None = None, **extract):
     """An Extractor for the model in ``model_dir`` on the CPU, every layer and head, the default image sizes."""
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import JobConfig
+    from rapids_attn.registry import job_model
+
+    JobConfig = job_model()
     from rapids_attn.store.zarr_store import StoreLayout
 
     ex = {"attention": attention, **extract}

@@ -108,7 +108,8 @@ def measure(args) -> dict:
     from rapids_attn.data import read_examples
     from rapids_attn.devices import ExtractDevices
     from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP, describe_model
-    from rapids_attn.job import ModelConfig, RelevanceConfig
+    from rapids_attn.job import ModelConfig
+    from rapids_attn.relevance.config import RelevanceConfig
     from rapids_attn.relevance.work import RelevanceTask, RelevanceWorker
 
     torch.set_num_threads(args.threads)
@@ -229,7 +230,7 @@ def report(R: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from rapids_attn.job import RelevanceConfig
+    from rapids_attn.relevance.config import RelevanceConfig
 
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.relevance_batches", description=" ".join(__doc__.split("\n\n")[0].split())

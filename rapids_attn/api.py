@@ -531,7 +531,7 @@ def cluster_features(
         raise _renamed(e, {"runtime.learn_backend": "backend", "learn_backend": "backend"}) from None
     # ReduceConfig asks for 2 components or more; MapClusterer clips them to D (one, for one-column features)
     reduce = ReduceConfig(pca_components=max(components, 2), fit_sample=max(n, 2), umap={"enabled": umap})
-    model = MapClusterer(reduce, cluster, seed, learn)
+    model = MapClusterer.from_config(reduce, cluster, seed, learn)
     try:
         model.fit(learn.asarray(x))
         z, labels = model.embedding_, model.labels_

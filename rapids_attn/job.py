@@ -8,9 +8,7 @@ cut to :data:`MAX_QUOTED` characters (:func:`show`, :func:`clip`), and a whole e
 is available) live in the stages' preflight checks.
 
 Reading a job file (YAML, the presets named in ``extends``, ``--set`` overrides, the bounds on what a job file may
-cost) is :mod:`rapids_attn.jobfile`. Its public names (:func:`load_job`, :func:`parse_override`,
-:func:`preset_dirs`, ...) are re-exported here on purpose, so ``from rapids_attn.job import load_job`` keeps
-working (:data:`_JOBFILE_NAMES`; looked up when first asked for, since the loader imports this schema).
+cost) is :mod:`rapids_attn.jobfile` (:func:`rapids_attn.jobfile.load_job`), which imports this schema.
 """
 
 from __future__ import annotations
@@ -19,66 +17,26 @@ import hashlib
 import json
 import os
 import re
-import reprlib
 import string
-import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, create_model, field_validator, model_serializer, model_validator
 
 from rapids_attn.data.formats import FORMATS
 from rapids_attn.embed.registry import embedder_spec
+from rapids_attn.learn.config import (  # noqa: F401  (the learn stage's sections, re-exported)
+    MAX_K_SWEEP,
+    ClusterConfig,
+    ReduceConfig,
+    UmapConfig,
+    UmapMetric,
+)
+from rapids_attn.settings import MAX_LINE, MAX_QUOTED, Section, clip, one_line, show  # noqa: F401  (re-exported)
 from rapids_attn.tls import plain_address, plain_refusal
 
-#: characters of a user's value an error line quotes (then "...", and its length).
-MAX_QUOTED = 120
-#: characters of a whole job error line (a longer one keeps its start and its end, the fix).
-MAX_LINE = 1000
 #: local workers may run at most this many threads (``n_workers`` x ``threads_per_worker``) per CPU.
 MAX_THREADS_PER_CPU = 4
-
-
-def clip(text: str, limit: int = MAX_QUOTED) -> str:
-    """``text`` as an error line quotes it: whole when short, else its first ``limit`` characters, "..." and
-    its length."""
-    text = str(text)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 12, 12, 8, 12
-_REPR.maxstring = _REPR.maxother = _REPR.maxlong = MAX_QUOTED
-
-
-def show(value: Any) -> str:
-    """A user's value as an error line quotes it: its repr, at most :data:`MAX_QUOTED` characters (a long
-    string is cut after them with its length; a long list or mapping shows its first entries and its length),
-    built without writing out the whole value first."""
-    if isinstance(value, str):
-        return repr(value) if len(value) <= MAX_QUOTED else f"{value[:MAX_QUOTED]!r}... ({len(value):,} characters)"
-    try:
-        text = _REPR.repr(value)
-    except ValueError:  # an int past Python's 4,300-digit str conversion limit (YAML reads 0x... of any size)
-        return (
-            f"a number of {value.bit_length() * 0.30103:,.0f} digits"
-            if isinstance(value, int)
-            else "a value too long to show"
-        )
-    if isinstance(value, (list, tuple, dict, set)) and len(value) > _REPR.maxlist:
-        text += f" ({len(value):,} entries)"
-    return clip(text, MAX_QUOTED + 30)
-
-
-def one_line(message: str) -> str:
-    """A job error as one line of at most :data:`MAX_LINE` characters: the start and the end (where the fix
-    is) of a longer one, around a note of what was cut. Every error :func:`rapids_attn.jobfile.load_job` raises goes
-    through it."""
-    message = " ".join(str(message).splitlines())
-    if len(message) <= MAX_LINE:
-        return message
-    head, tail = MAX_LINE * 3 // 5, MAX_LINE // 3
-    return f"{message[:head]} ...({len(message) - head - tail:,} characters cut)... {message[-tail:]}"
 
 
 def available_cpus() -> int:
@@ -87,67 +45,6 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity on this platform
         return max(1, os.cpu_count() or 1)
-
-
-def _leaf_types(annotation: Any) -> set:
-    """The plain types an annotation admits (``int | None`` -> {int, NoneType}; ``Literal`` leaves are
-    left out: they name their own values)."""
-    origin = typing.get_origin(annotation)
-    if origin is None:
-        return {annotation} if isinstance(annotation, type) else set()
-    if origin is Literal:
-        return set()
-    if origin is typing.Annotated:
-        return _leaf_types(typing.get_args(annotation)[0])
-    if origin in (list, tuple, set, dict):
-        return set()
-    return set().union(*(_leaf_types(a) for a in typing.get_args(annotation)))
-
-
-def _is_bool_field(annotation: Any) -> bool:
-    """Whether a field takes true/false and nothing else (``bool`` or ``bool | None``)."""
-    leaves = _leaf_types(annotation)
-    return bool in leaves and not leaves - {bool, type(None)}
-
-
-def _numeric_kind(annotation: Any) -> tuple[str | None, bool]:
-    """("int"/"float"/None, whether it is a list of them) for a field that does not admit a bool."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is list or (origin is not None and any(typing.get_origin(a) is list for a in args)):
-        inner = next((a for a in (annotation, *args) if typing.get_origin(a) is list), None)
-        kind, _ = _numeric_kind(typing.get_args(inner)[0]) if inner is not None else (None, False)
-        return kind, True
-    leaves = _leaf_types(annotation)
-    if bool in leaves:
-        return None, False
-    return ("int" if int in leaves else "float" if float in leaves else None), False
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: Any, info) -> Any:
-        """pydantic reads ``true`` as 1 for an int (and 1.0 for a float) field: a YAML ``limit: true`` would
-        silently mean one example. A number field that does not admit a bool refuses one; a true/false field
-        refuses anything else (pydantic would read 1, 0, "yes" or "off" as a bool)."""
-        field = cls.model_fields.get(info.field_name)
-        if field is None:
-            return value
-        if _is_bool_field(field.annotation):
-            if value is not None and not isinstance(value, bool):
-                raise ValueError("must be true or false")
-            return value
-        kind, is_list = _numeric_kind(field.annotation)
-        if kind is None:
-            return value
-        values = value if is_list and isinstance(value, list) else [value]
-        if any(isinstance(v, bool) for v in values):
-            what = "a whole number" if kind == "int" else "a number"
-            raise ValueError(f"must be {what}{' in each entry' if is_list else ''}, not true/false")
-        return value
 
 
 class ProbeConfig(Section):
@@ -178,6 +75,21 @@ class DataConfig(Section):
     #: paragraphs joined into one document: long inputs for a decoder, jobs/long_documents.yaml).
     squad_unit: Literal["question", "article"] = "question"
     probe: ProbeConfig = ProbeConfig()
+    #: a hub dataset id in ``path`` (``owner/name``, or ``owner/name:config``) only: the configuration (subset),
+    #: the split (default: the only one, or ``validation``) and the revision (a branch, tag or commit) that
+    #: ``datasets.load_dataset`` reads (rapids_attn/data/hub.py). Left out of the job as written when unset, so
+    #: the extraction keys of stores made before they existed stay the same.
+    config: str | None = Field(None, min_length=1)
+    split: str | None = Field(None, min_length=1)
+    revision: str | None = Field(None, min_length=1)
+
+    @model_serializer(mode="wrap")
+    def _hub_fields_when_set(self, handler):
+        out = handler(self)
+        for name in ("config", "split", "revision"):
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
 
 
 class ModelConfig(Section):
@@ -308,103 +220,6 @@ class StoreConfig(Section):
     compression_level: int = Field(3, ge=0, le=9)
 
 
-#: UMAP metrics both backends accept on the (dense, signed) PCA output: umap-learn 0.5's named distances
-#: intersected with cuML 26.10's brute-force kNN metrics for dense input (the build cuML uses when, as
-#: here, random_state is set). Left out: hellinger (needs non-negative input; PCA coordinates are signed),
-#: and names only one backend knows (cityblock, sqeuclidean: cuML only; braycurtis, mahalanobis, ...:
-#: umap-learn only).
-UmapMetric = Literal[
-    "euclidean",
-    "l2",
-    "manhattan",
-    "l1",
-    "taxicab",
-    "chebyshev",
-    "linf",
-    "minkowski",
-    "cosine",
-    "correlation",
-    "canberra",
-    "hamming",
-]
-
-
-class UmapConfig(Section):
-    enabled: bool = False
-    n_components: int = Field(2, ge=2)
-    n_neighbors: int = Field(15, ge=2)
-    min_dist: float = Field(0.1, ge=0)
-    #: one of :data:`UmapMetric` (accepted by both umap-learn and cuML).
-    metric: UmapMetric = "euclidean"
-
-
-class ReduceConfig(Section):
-    pca_components: int = Field(32, ge=2)
-    umap: UmapConfig = UmapConfig()
-    #: fit on a seeded sample of at most this many maps, then transform / assign every map.
-    fit_sample: int = Field(200_000, gt=0)
-    #: ``group``: draw the fit sample evenly across example groups (e.g. SQuAD articles), so groups
-    #: with many examples (many questions on one context) do not dominate the fit.
-    sample_by: Literal["none", "group"] = "none"
-
-    @field_validator("fit_sample")
-    @classmethod
-    def _fit_sample_holds_components(cls, value: int, info) -> int:
-        components = info.data.get("pca_components")  # validated before (declared first); absent if invalid
-        if components is not None and value < components:
-            raise ValueError(
-                f"smaller than reduce.pca_components {components}; PCA needs at least as many maps "
-                "as components: raise reduce.fit_sample or lower reduce.pca_components"
-            )
-        return value
-
-
-#: the most cluster counts one k sweep may fit (``cluster.k_sweep``).
-MAX_K_SWEEP = 200
-
-
-class ClusterConfig(Section):
-    method: Literal["kmeans", "dbscan", "hdbscan"] = "kmeans"
-    #: kmeans: the number of clusters, or ``auto`` (the best silhouette of the k sweep).
-    n_clusters: int | Literal["auto"] = 8
-    #: kmeans: [first, last] cluster counts to sweep (inertia and silhouette on a sample); None skips.
-    #: At most :data:`MAX_K_SWEEP` values (each is a KMeans fit); a last k at or above the maps in the
-    #: sweep sample is clipped to one below it (preflight refuses a first k there).
-    k_sweep: list[int] | None = Field(default_factory=lambda: [2, 16], min_length=2, max_length=2)
-    #: maps drawn from the fit sample for the sweep. As many as the silhouette scores by default: on 500 SQuAD
-    #: questions (36,000 maps) 5,000 and 20,000 picked the same k with curves within one seed's spread, at a
-    #: third of the time (docs/benchmarks.md, "The whole job against the bare forward").
-    sweep_sample: int = Field(5000, gt=0)
-    eps: float = Field(0.5, gt=0)
-    min_samples: int = Field(5, ge=1)
-    min_cluster_size: int = Field(20, ge=2)
-    #: maps sampled for the silhouette score in summary.json (0 skips it).
-    silhouette_sample: int = Field(5000, ge=0)
-    #: kmeans: refits with this many other seeds on the fit sample, for the stability figure in summary.json
-    #: (adjusted Rand index of each against the fit); 0 skips them. The k sweep's auto pick also uses it.
-    stability_seeds: int = Field(2, ge=0, le=10)
-
-    @field_validator("k_sweep")
-    @classmethod
-    def _bounded_sweep(cls, value: list[int] | None) -> list[int] | None:
-        if value is not None and value[1] - value[0] + 1 > MAX_K_SWEEP:
-            raise ValueError(
-                f"spans {value[1] - value[0] + 1} cluster counts (a KMeans fit each); the most is {MAX_K_SWEEP}, "
-                f"e.g. [{value[0]}, {value[0] + MAX_K_SWEEP - 1}]"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _k(self) -> ClusterConfig:
-        if isinstance(self.n_clusters, int) and self.n_clusters < 2:
-            raise ValueError(f"n_clusters must be at least 2 or auto, got {show(self.n_clusters)}")
-        if self.k_sweep is not None and not (2 <= self.k_sweep[0] < self.k_sweep[1]):
-            raise ValueError(f"k_sweep must be [first, last] with 2 <= first < last, got {show(self.k_sweep)}")
-        if self.n_clusters == "auto" and (self.k_sweep is None or self.method != "kmeans"):
-            raise ValueError("n_clusters: auto picks k from the k sweep; it needs method kmeans and a k_sweep")
-        return self
-
-
 class HeadClassThresholds(Section):
     """explain.head_classes: the score a head's dataset mean must reach for each class
     (rapids_attn/explain/head_classes.py; README, "Head classes")."""
@@ -437,238 +252,6 @@ class ExplainConfig(Section):
     group_dominance: float = Field(0.5, gt=0, le=1)
     #: label permutations (examples shuffled as units) for the metadata p-values.
     permutations: int = Field(200, ge=0)
-
-
-class PruningConfig(Section):
-    #: heads are removed cumulatively in each order; ``importance`` (least important first, by the gradient
-    #: importance), ``ablation`` (smallest single-head ablation cost first) and ``random`` (the control).
-    orders: list[Literal["importance", "ablation", "random"]] = ["importance", "ablation", "random"]
-    #: random orders drawn (seeded by runtime.seed), each a curve; the report shows their mean and range.
-    random_orders: int = Field(2, ge=1, le=20)
-    #: points on each curve (heads removed at each point spaced evenly from 0 to all but one head).
-    steps: int = Field(24, ge=2, le=1000)
-
-
-class ProbingConfig(Section):
-    enabled: bool = True
-    #: built-in tasks: ``label`` (the data's label_field; SQuAD: answerable / impossible), ``wh_word``
-    #: (question type from its wh-word), ``length`` (SentEval's Length: token counts in 6 equal-frequency bins).
-    tasks: list[Literal["label", "wh_word", "length"]] = ["label", "wh_word", "length"]
-    #: stratified cross-validation folds per head.
-    folds: int = Field(5, ge=2, le=20)
-    #: the "best heads" representation: these many heads, chosen inside each training fold.
-    top_k: int = Field(8, ge=1)
-
-
-class HeadsConfig(Section):
-    """Which heads matter (the ``heads`` stage; docs/architecture.md, "Head importance")."""
-
-    #: run the stage by default (it always runs when --stages names it).
-    enabled: bool = False
-    #: the task metric: ``squad`` (a question-answering head: SQuAD 2.0 exact match / F1), ``lm`` (a causal
-    #: or masked LM head: loss), ``retrieval`` (a sentence-embedding model: question-to-paragraph recall@1
-    #: and MRR), ``accuracy`` (a sequence classifier against label_field), or ``auto`` (by the model's head).
-    metric: Literal["auto", "squad", "lm", "retrieval", "accuracy"] = "auto"
-    #: examples evaluated: a seeded sample of the job's examples (runtime.seed), or all of them (null).
-    examples: int | None = Field(1000, gt=0)
-    #: how an ablated head's output is replaced: ``zero``, or ``mean`` (its mean output over the examples).
-    ablation: Literal["zero", "mean"] = "zero"
-    #: ablate every head alone (layers x heads runs over the examples).
-    single: bool = True
-    #: head sets ablated together: each ``layer``'s heads, each ``cluster``'s dominant heads (learn stage).
-    sets: list[Literal["layer", "cluster"]] = ["layer", "cluster"]
-    #: a head is one of a cluster's dominant heads when at least this share of its maps are in the cluster.
-    cluster_share: float = Field(0.5, gt=0, le=1)
-    #: Michel et al. (2019) importance: |dL/dgate| per head, accumulated over the examples.
-    importance: bool = True
-    pruning: PruningConfig = PruningConfig()
-    probing: ProbingConfig = ProbingConfig()
-    #: examples per forward pass.
-    batch_size: int = Field(32, gt=0)
-    #: tokens per input; longer inputs are truncated (the model's own limit when null).
-    max_length: int | None = Field(None, gt=1)
-
-
-class RelevanceConfig(Section):
-    """Where information flows and how heads relate (the ``relevance`` stage; docs/architecture.md,
-    "Relevance and the head atlas")."""
-
-    #: run the stage by default (it always runs when --stages names it).
-    enabled: bool = False
-    #: examples evaluated: a seeded sample of the job's examples (runtime.seed), or all of them (null).
-    examples: int | None = Field(200, gt=0)
-    #: token relevance methods (rapids_attn/relevance/methods.py): the head mean, the raw last layer,
-    #: attention rollout, gradient-weighted rollout (for the model's own output), attention flow, and PageRank.
-    methods: list[Literal["head_mean", "last_layer", "rollout", "grad_rollout", "flow", "pagerank"]] = [
-        "head_mean",
-        "last_layer",
-        "rollout",
-        "grad_rollout",
-        "flow",
-        "pagerank",
-    ]
-    #: whose relevance: ``auto`` (the first token, [CLS], for encoders; the last token for decoders), ``first``,
-    #: ``last``, or ``mean`` (the mean over every token's row; flow then costs T times more).
-    query: Literal["auto", "first", "last", "mean"] = "auto"
-    #: rollout and flow mix each layer's head-mean attention with the identity: r I + (1 - r) A (Abnar & Zuidema: 0.5).
-    residual: float = Field(0.5, ge=0, le=1)
-    #: attention flow runs one maximum flow per (query row, token) on (L + 1) T nodes; examples longer than
-    #: this get no flow (NaN, counted in summary.json) instead of hours of CPU.
-    flow_max_tokens: int = Field(128, gt=1)
-    #: PageRank runs on the graph of one layer's heads (-1: the last layer), all of them or the ones listed.
-    pagerank_layer: int = -1
-    #: distinct head indices (0-based; preflight checks them against the model's heads); null: all heads.
-    pagerank_heads: list[int] | None = None
-    #: the head atlas: Clark et al.'s distance between heads, embedded in 2-D and clustered into this many groups.
-    atlas: bool = True
-    atlas_clusters: int = Field(8, ge=1)
-    #: "related heads": each head's nearest heads in the atlas.
-    related: int = Field(5, ge=1)
-    #: examples per forward pass.
-    batch_size: int = Field(8, gt=0)
-    #: tokens per input; longer inputs are truncated (the model's own limit when null).
-    max_length: int | None = Field(None, gt=1)
-
-    @field_validator("pagerank_heads")
-    @classmethod
-    def _some_distinct_heads(cls, value: list[int] | None) -> list[int] | None:
-        """An empty list would average no heads (a uniform PageRank); a repeated head would count twice. The
-        upper bound is the model's heads, checked in preflight (the relevance stage's check)."""
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("is empty, which ranks every token the same; list heads, or leave it out for all heads")
-        if len(set(value)) != len(value) or any(h < 0 for h in value):
-            raise ValueError("must be distinct non-negative head indices; list each head once")
-        return value
-
-
-#: the finetune settings that add control fine-tunes or keep its steps, and leave the analysed one as it is
-CONTROL_SETTINGS = ("control_seeds", "shuffled_labels", "trajectory")
-
-
-class FinetuneConfig(Section):
-    """Fine-tune the model for the task before its heads are analysed (the ``finetune`` stage, issue 37), on
-    HuggingFace's ``Trainer``. When enabled, the job's later stages analyse the fine-tuned model (the folder
-    ``models/finetuned`` in the run directory), over the examples of the held-out groups only."""
-
-    #: run the stage by default (it always runs when --stages names it).
-    enabled: bool = False
-    #: ``qa``: extractive question answering on SQuAD-format data; ``classify``: sequence classification on
-    #: data.label_field.
-    task: Literal["qa", "classify"] = "qa"
-    #: share of the file's examples held out for evaluation, as whole groups (data.group_field; SQuAD: articles),
-    #: so no context is on both sides. The later stages analyse the held-out examples (then data.sample/limit).
-    eval_fraction: float = Field(0.5, gt=0, lt=1)
-    #: at most this many training examples: a seeded sample of the training groups' (null: all of them).
-    train_examples: int | None = Field(None, gt=0)
-    #: at most this many held-out examples scored after training: a seeded sample (null: all of them).
-    eval_examples: int | None = Field(None, gt=0)
-    #: qa: train on every question (``all``) or on the answerable ones only (``answerable``: SQuAD 1.1's recipe;
-    #: the no-answer decision then rests on the threshold, threshold_examples).
-    train_questions: Literal["all", "answerable"] = "all"
-    #: qa: the no-answer threshold on the margin (no-answer score minus best span score). 0: run_qa.py's rule,
-    #: threshold 0. N > 0: N questions of the training groups are held back from training (a seeded sample, every
-    #: kind of question) and the threshold is the one that scores best on them (SQuAD 2.0's best F1), then applied
-    #: unchanged to the held-out groups.
-    threshold_examples: int = Field(0, ge=0)
-    #: tokens per training window (question and context); longer contexts are read in overlapping windows.
-    max_length: int = Field(384, gt=16)
-    #: tokens two consecutive windows of one context share (qa).
-    doc_stride: int = Field(128, gt=0)
-    learning_rate: float = Field(5e-5, gt=0)
-    epochs: float = Field(2.0, gt=0)
-    #: stop after this many optimizer steps (-1: run the epochs).
-    max_steps: int = Field(-1, ge=-1)
-    batch_size: int = Field(16, gt=0)
-    eval_batch_size: int = Field(32, gt=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0)
-    #: a checkpoint (weights, optimizer, scheduler, RNG) every this many steps: an interrupted run resumes there.
-    save_steps: int = Field(100, gt=0)
-    #: the training seed of the analysed fine-tune: the new head's initial weights, the order of the batches,
-    #: dropout. Apart from runtime.seed, which draws the split of groups and the samples, so another training seed
-    #: trains on the same examples.
-    seed: int = 0
-    #: further fine-tunes with these training seeds, the same data and schedule (``models/finetuned-seed<N>``): the
-    #: compare stage measures seed-to-seed change beside base-to-fine-tune change, and calls a head changed only
-    #: above that floor. At least two give the floor intervals over seeds (three fine-tunes in all).
-    control_seeds: list[int] = []
-    #: classify: one more fine-tune (training seed ``seed``) on the training labels shuffled among the examples
-    #: (``models/finetuned-shuffled``): what training alone changes, without the task.
-    shuffled_labels: bool = False
-    #: keep the analysed fine-tune's weights at every checkpoint (``models/finetuned-steps/step-<N>``, every
-    #: save_steps): the compare stage compares each with the base and with the final model, so the findings say
-    #: when each change appears.
-    trajectory: bool = False
-
-    @model_validator(mode="after")
-    def _controls(self) -> FinetuneConfig:
-        if len(set(self.control_seeds)) != len(self.control_seeds) or self.seed in self.control_seeds:
-            raise ValueError(
-                f"control_seeds {self.control_seeds} must be distinct and differ from finetune.seed ({self.seed}): "
-                "each names one more fine-tune"
-            )
-        if self.task != "qa" and (self.train_questions != "all" or self.threshold_examples):
-            raise ValueError(
-                "train_questions and threshold_examples are settings of finetune.task: qa; leave them at all and 0"
-            )
-        if self.shuffled_labels and self.task != "classify":
-            raise ValueError(
-                "shuffled_labels is a control of finetune.task: classify (labels shuffled among the training "
-                "examples); set finetune.shuffled_labels: false, or use control_seeds for qa"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _stride_in_window(self) -> FinetuneConfig:
-        if self.doc_stride >= self.max_length // 2:
-            raise ValueError(
-                f"doc_stride ({self.doc_stride}) must be under half of max_length ({self.max_length}), or the "
-                "question and the overlap leave no new context per window; lower finetune.doc_stride"
-            )
-        return self
-
-
-class CompareConfig(Section):
-    """Models compared head by head over the same inputs (the ``compare`` stage, issue 37)."""
-
-    #: run the stage by default (it always runs when --stages names it).
-    enabled: bool = False
-    #: the models compared with the job's: local folders, hub ids or presets, each extracted over the job's examples
-    #: into ``models/<label>`` of the run directory. Empty with finetune enabled: the model it started from.
-    models: list[str] = []
-    #: examples whose maps are compared map to map (a seeded sample of the run's examples; null: all of them).
-    examples: int | None = Field(500, gt=0)
-    #: examples per forward pass of each model.
-    batch_size: int = Field(16, gt=0)
-    #: bootstrap resamples of the examples behind each interval.
-    resamples: int = Field(1000, ge=100)
-    #: the intervals' confidence level.
-    level: float = Field(0.95, gt=0.5, lt=1)
-    #: with finetune.control_seeds: the false-discovery rate across heads at which a head is called changed beyond
-    #: the seed-to-seed floor (Benjamini-Hochberg).
-    fdr: float = Field(0.05, gt=0, lt=1)
-    #: maps per model the shared clustering is fitted on (a seeded sample; every map is then assigned).
-    fit_sample: int = Field(20000, gt=0)
-    #: also run the heads stage on each compared model (the job's heads settings and metric, over the same
-    #: examples), so each head's change is shown beside its ablation cost in both models. Needs heads.enabled and a
-    #: metric every compared model can be scored on (a base model without the fine-tune's task head cannot).
-    heads: bool = False
-
-    @field_validator("models")
-    @classmethod
-    def _distinct_models(cls, value: list[str]) -> list[str]:
-        """Each entry names a model, and a model once. The message names the entry (``compare.models[1]: ...``),
-        which the job loader shows in place of the field. The same model written two ways (``./m``, ``m/``), and
-        the job's own model, are refused in preflight (rapids_attn.compare.stage.check_compared_names)."""
-        for i, v in enumerate(value):
-            if not str(v).strip():
-                raise ValueError(f"compare.models[{i}]: is empty; name a model (a folder, a hub id or a preset)")
-            if v in value[:i]:
-                j = value.index(v)
-                raise ValueError(f"compare.models[{i}]: {show(v)} is compare.models[{j}] again; list each model once")
-        return value
 
 
 class RuntimeConfig(Section):
@@ -793,10 +376,13 @@ class OutputConfig(Section):
         return value
 
 
-class JobConfig(Section):
+class JobCore(Section):
+    """The job's core sections, which every run reads; :data:`JobConfig` adds the registered stages' own sections
+    (:func:`job_model`)."""
+
     #: a plain file name (it becomes the run directory's name under the default ``output.dir``).
     name: str = "job"
-    extends: list[str] = []
+    extends: list[str] = Field(default_factory=list)
     data: DataConfig
     model: ModelConfig
     extract: ExtractConfig = ExtractConfig()
@@ -804,10 +390,6 @@ class JobConfig(Section):
     store: StoreConfig = StoreConfig()
     reduce: ReduceConfig = ReduceConfig()
     cluster: ClusterConfig = ClusterConfig()
-    heads: HeadsConfig = HeadsConfig()
-    relevance: RelevanceConfig = RelevanceConfig()
-    finetune: FinetuneConfig = FinetuneConfig()
-    compare: CompareConfig = CompareConfig()
     explain: ExplainConfig = ExplainConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
@@ -840,6 +422,53 @@ class JobConfig(Section):
         keep = extraction_settings(self.to_dict(), data_fingerprint, shard_size)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
+    @property
+    def as_written(self) -> JobCore:
+        """The job as its file wrote it, before any stage changed it for the stages after it
+        (:meth:`rapids_attn.stage.Stage.later_job`): this job itself unless it is such a later job."""
+        return self._as_written or self
+
+    _as_written: JobCore | None = PrivateAttr(None)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> JobCore:
+        """A copy is a job of its own (a compared model's, say): its ``as_written`` is itself, unless whoever makes
+        it a later job sets it (:meth:`rapids_attn.stage.Stage.later_job`, :func:`rapids_attn.pipeline.stage_jobs`)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._as_written = None
+        return copy
+
+
+#: the registered stages' own sections, by key (``heads``: HeadsConfig), in the registry's order: set by
+#: :mod:`rapids_attn.registry` (:func:`use_stage_sections`), which imports this module (this one never imports it)
+_STAGE_SECTIONS: dict[str, type[Section]] = {}
+_MODELS: dict[tuple, type[JobCore]] = {}
+
+
+def use_stage_sections(sections: dict[str, type[Section]]) -> None:
+    """The registry's stages' sections, the job's from now on (:func:`job_model`)."""
+    clash = set(sections) & set(JobCore.model_fields)
+    if clash:
+        raise ValueError(f"stage section {min(clash)!r} is a core section of the job; name it otherwise")
+    _STAGE_SECTIONS.clear()
+    _STAGE_SECTIONS.update(sections)
+
+
+def job_model() -> type[JobCore]:
+    """The job's model: :class:`JobCore` with one section per registered stage that has settings
+    (:attr:`rapids_attn.stage.Stage.settings`), each defaulting to its settings' defaults, so a stage's section is
+    validated, defaulted and named in errors like a core one. Built once per set of sections. The sections are the
+    ones :mod:`rapids_attn.registry` set when it was imported (this module never imports it, as the stages import
+    this one): ask :func:`rapids_attn.registry.job_model`, which has."""
+    key = tuple(_STAGE_SECTIONS.items())
+    if key not in _MODELS:
+        fields: dict[str, Any] = {name: (cls, Field(default_factory=cls)) for name, cls in key}
+        _MODELS[key] = create_model("JobConfig", __base__=JobCore, __module__=__name__, **fields)
+    return _MODELS[key]
+
+
+if TYPE_CHECKING:  # the type of a job as validated (:func:`rapids_attn.registry.job_model` is the model itself)
+    JobConfig = JobCore
+
 
 def extraction_settings(job: dict, data_fingerprint: str = "", shard_size: int | None = None) -> dict:
     """What :meth:`JobConfig.extraction_key` hashes, from a job as :meth:`JobConfig.to_dict` writes it (the store
@@ -849,9 +478,8 @@ def extraction_settings(job: dict, data_fingerprint: str = "", shard_size: int |
         d["extract"]["shard_size"] = int(shard_size)
     keep = {k: d.get(k, {}) for k in ("data", "model", "extract", "embed", "store")}
     keep["data_content"] = data_fingerprint
-    if d.get("finetune", {}).get("enabled"):  # the store holds the fine-tune's maps, over the held-out examples
-        # the analysed fine-tune's settings; its controls (other seeds, shuffled labels) are other models
-        keep["finetune"] = {k: v for k, v in d["finetune"].items() if k not in CONTROL_SETTINGS}
+    for name, settings in _STAGE_SECTIONS.items():  # a stage that changes what the later stages read (finetune)
+        keep.update(settings.store_settings(name, d.get(name) or {}))
     # where and in which batches maps are computed does not change them (tested: batch invariance)
     keep["extract"] = {
         k: v
@@ -864,39 +492,3 @@ def extraction_settings(job: dict, data_fingerprint: str = "", shard_size: int |
     keep["extract"].update(attention_base="sdpa", attention_block_mb=64)
     keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
     return keep
-
-
-# ----------------------------------------------------------------------------------------------
-# the job file loader's names, re-exported
-
-#: the public names of :mod:`rapids_attn.jobfile` that importers read from here (``from rapids_attn.job import
-#: load_job``). The loader imports this schema, so importing it at the top would be a cycle: each name is looked
-#: up in the loader when asked for (PEP 562), always the loader's current one.
-_JOBFILE_NAMES = frozenset(
-    {
-        "LOCAL_PRESETS",
-        "MAX_DEPTH",
-        "MAX_JOB_BYTES",
-        "MAX_NODES",
-        "NAME_MAX",
-        "PATH_MAX",
-        "DuplicateKeyError",
-        "JobBoundError",
-        "JobLoader",
-        "builtin_presets",
-        "check_expansion",
-        "format_validation_error",
-        "load_job",
-        "parse_override",
-        "preset_dirs",
-        "yaml_load",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _JOBFILE_NAMES:
-        from rapids_attn import jobfile
-
-        return getattr(jobfile, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

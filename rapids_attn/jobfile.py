@@ -9,8 +9,6 @@ error becomes one :class:`JobConfigError` line that names the field and says how
 bounded before it is spent: its size (:data:`MAX_JOB_BYTES`), its nesting (:data:`MAX_DEPTH`) and the values its
 YAML aliases expand to (:data:`MAX_NODES`); a path no file system can hold is refused naming its field
 (:data:`NAME_MAX`, :data:`PATH_MAX`).
-
-:mod:`rapids_attn.job` re-exports this module's public names (``from rapids_attn.job import load_job``).
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rapids_attn.errors import JobConfigError
-from rapids_attn.job import MAX_QUOTED, JobConfig, clip, one_line, show
+from rapids_attn.job import MAX_QUOTED, JobCore, clip, one_line, show
+from rapids_attn.registry import job_model
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -414,7 +413,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     field = ".".join(clip(p) for p in map(str, loc)) or "(top level)"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if e["type"] == "extra_forbidden":
-        valid = _fields_at(JobConfig, loc)
+        valid = _fields_at(job_model(), loc)
         last = str(loc[-1])
         near = difflib.get_close_matches(last, valid, n=1, cutoff=0.5) if len(last) <= MAX_QUOTED else []
         hint = f"did you mean '{near[0]}'?" if near else f"valid keys here: {', '.join(valid)}"
@@ -429,9 +428,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return f"{source}: {field}: {msg}{shown}{more}"
 
 
-def load_job(
-    path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), raw: dict | None = None
-) -> JobConfig:
+def load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (), raw: dict | None = None) -> JobCore:
     """Read, merge presets, apply overrides, validate. Raises JobConfigError with one line (:func:`one_line`:
     at most :data:`MAX_LINE` characters, whatever the job holds)."""
     try:
@@ -443,7 +440,7 @@ def load_job(
         raise JobConfigError(line) from None
 
 
-def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], raw: dict | None) -> JobConfig:
+def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], raw: dict | None) -> JobCore:
     job_path = Path(path) if path is not None else None
     if raw is None:
         if job_path is None:
@@ -470,7 +467,7 @@ def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], r
         except OSError:  # a name too long for the filesystem, say: preflight names it, as any missing path
             pass
     try:
-        cfg = JobConfig.model_validate(raw)
+        cfg = job_model().model_validate(raw)  # the core sections and the registered stages' (rapids_attn.registry)
     except ValidationError as err:
         raise JobConfigError(format_validation_error(err, source)) from None
     _check_path_lengths(cfg)
@@ -481,7 +478,7 @@ def _load_job(path: str | Path | None, overrides: list[str] | tuple[str, ...], r
 NAME_MAX, PATH_MAX = 255, 4096
 
 
-def _check_path_lengths(cfg: JobConfig) -> None:
+def _check_path_lengths(cfg: JobCore) -> None:
     """A path no file system can hold is refused here, naming its field: it would otherwise surface as an
     ``OSError`` (``File name too long``) from whichever library touched it first."""
     fields = {

@@ -13,31 +13,20 @@ a later stage needs. Each stage's typed result goes into ``summary.json``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 
-from rapids_attn.compare.stage import CompareStage
 from rapids_attn.errors import DataError, JobConfigError, StoreError
-from rapids_attn.explain.stage import ExplainStage
-from rapids_attn.extract.stage import ExtractStage
-from rapids_attn.finetune.stage import FinetuneStage
-from rapids_attn.heads.stage import HeadsStage
-from rapids_attn.job import JobConfig
-from rapids_attn.learn.stage import LearnStage
-from rapids_attn.relevance.stage import RelevanceStage
-from rapids_attn.stage import RunContext, Stage, worker_stages
+from rapids_attn.registry import default_stages, registered_stages, worker_stages
+from rapids_attn.stage import RunContext, Stage
 
-#: every stage a job can run, in the order they run: the one registry of stages. The pipeline, the runtime (which
-#: stages run on the workers, what those preload) and the explain stage (which results its summary carries, which
-#: sections its report has) read what they need from the classes listed here (:class:`rapids_attn.stage.Stage`)
-STAGES: dict[str, type[Stage]] = {
-    s.name: s for s in (FinetuneStage, ExtractStage, LearnStage, HeadsStage, RelevanceStage, CompareStage, ExplainStage)
-}
+if TYPE_CHECKING:
+    from rapids_attn.job import JobConfig
 
 #: the message that tells a user how to produce what a stage needs, by the stage that writes it
 _HOW = {
@@ -49,27 +38,31 @@ _HOW = {
 }
 
 
-def default_stages(cfg: JobConfig | None = None) -> tuple[str, ...]:
-    """The stages a run without --stages runs: every stage the job does not leave off (``heads.enabled``)."""
-    return tuple(name for name, st in STAGES.items() if cfg is None or st.runs_by_default(cfg))
+def stage_jobs(cfg: JobConfig) -> dict[str, JobConfig]:
+    """The job each registered stage is built from, by name: the job as written, changed by every earlier stage's
+    :meth:`~rapids_attn.stage.Stage.later_job` in the registry's order (whether or not this run runs that stage), so
+    a stage after finetune analyses the fine-tuned model. Each changed job keeps the job as written
+    (``as_written``)."""
+    out: dict[str, JobConfig] = {}
+    job = cfg
+    for name, st in registered_stages().items():
+        out[name] = job
+        later = st.later_job(job)
+        if later is not job:
+            later._as_written = cfg.as_written
+        job = later
+    return out
 
 
-def parse_stages(text: str | None, cfg: JobConfig | None = None) -> tuple[str, ...]:
-    """``--stages``: None (not given) is :func:`default_stages`; a given value must name at least one."""
-    if text is None:
-        return default_stages(cfg)
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names:
-        raise JobConfigError(
-            f"--stages: no stage named in {text!r}; give one or more of {', '.join(STAGES)}, comma-separated "
-            "(or leave --stages out to run them all)"
-        )
-    for s in names:
-        if s not in STAGES:
-            near = difflib.get_close_matches(s, list(STAGES), n=1)
-            hint = f"did you mean '{near[0]}'?" if near else f"stages are {', '.join(STAGES)}"
-            raise JobConfigError(f"--stages: unknown stage '{s}'; {hint}")
-    return tuple(s for s in STAGES if s in names)
+def _analysed_job(cfg: JobConfig) -> JobConfig:
+    """The job after every registered stage's :meth:`~rapids_attn.stage.Stage.later_job`: the model the run's
+    store describes."""
+    jobs = stage_jobs(cfg)
+    name, st = list(registered_stages().items())[-1]
+    later = st.later_job(jobs[name])
+    if later is not jobs[name]:
+        later._as_written = cfg.as_written
+    return later
 
 
 def _index_data(cfg: JobConfig):
@@ -78,11 +71,12 @@ def _index_data(cfg: JobConfig):
     from rapids_attn.data.readers import index_for
 
     d = cfg.data
-    if cfg.finetune.enabled:  # the later stages analyse the fine-tune over the examples its training never saw
-        from rapids_attn.finetune.split import held_out_index
-
-        index = held_out_index(cfg)
-    else:
+    index = None
+    jobs = stage_jobs(cfg)
+    for name, st in registered_stages().items():  # a stage that changes the examples the later stages read
+        changed = st.later_index(jobs[name])  # (finetune: the held-out groups'); the latest one wins
+        index = index if changed is None else changed
+    if index is None:
         index = index_for(d)
     if d.probe.count:
         from rapids_attn.data.probe import repeated_token_probes
@@ -104,7 +98,7 @@ def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
     if not needs:
         return
     path = ctx.store_path
-    extracting = ExtractStage.name in running
+    extracting = "extract" in running
     state = inspect_store(path, ctx.key, ctx.layout)
     if state == "different" and not (ctx.overwrite and extracting):
         raise foreign_store_error(path, ctx.job, ctx.layout, getattr(ctx.data, "fingerprint", None))
@@ -120,13 +114,14 @@ def _check_requirements(ctx: RunContext, stages: list[Stage]) -> None:
 
         check_consistent(path, ctx.layout, tuple(needs))  # every array a reused store should hold is there
         attrs = dict(zarr.open_group(str(path), mode="r").attrs)
-    for writer in (w for w in STAGES if w in needs):  # in stage order: report the earliest missing one
+    order = list(registered_stages())
+    for writer in (w for w in order if w in needs):  # in stage order: report the earliest missing one
         if attrs.get(complete_attr(writer)):
             continue
         if fresh:
             raise StoreError(
                 f"{path}: this run creates the store, so it holds no {writer} results yet; "
-                f"add {writer} to --stages (e.g. --stages {','.join(w for w in STAGES if w in running | needs)})"
+                f"add {writer} to --stages (e.g. --stages {','.join(w for w in order if w in running | needs)})"
             )
         how = _HOW.get(writer, (f"run the {writer} stage first (--stages {writer})",) * 2)[1]
         raise StoreError(f"{path}: {how}")
@@ -197,9 +192,11 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
         seed=cfg.runtime.seed,
         stages=tuple(stages),
         overwrite=overwrite,
+        registry=dict(registered_stages()),
     )
-    _check_run_dir(ctx, cfg)
-    built = [STAGES[name].from_job(cfg if STAGES[name].reads_base_model else analysed) for name in stages]
+    _check_run_dir(ctx, cfg, analysed)
+    jobs = stage_jobs(cfg)
+    built = [registered_stages()[name].from_job(jobs[name]) for name in stages]
     if any(st.uses_cluster(ctx) for st in built):  # the cluster's settings against this machine (GPUs, TLS)
         from rapids_attn.runtime import check_runtime, reach_scheduler
 
@@ -211,6 +208,11 @@ def preflight(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: 
     _check_requirements(ctx, built)
     ctx.timings["preflight"] = time.perf_counter() - t0
     return RunPlan(ctx, built)
+
+
+def _status(line: str) -> None:
+    """One progress line of the run on stderr (``rapids_attn: learn: done in 23.4 s``), flushed at once."""
+    print(f"rapids_attn: {line}", file=sys.stderr, flush=True)
 
 
 def _resumed_shard_size(cfg: JobConfig, layout, fingerprint: str):
@@ -235,26 +237,31 @@ def _resumed_shard_size(cfg: JobConfig, layout, fingerprint: str):
 
 
 def _analysed_model(cfg: JobConfig, stages: tuple[str, ...]):
-    """(the job the stages that analyse a model are built from, the model section preflight describes). With
-    ``finetune.enabled`` the analysed model is the fine-tuned folder in the run directory; until the finetune stage
-    has written it, preflight describes the model it starts from (the same layers, heads and tokenizer)."""
-    from rapids_attn.finetune.stage import analysed_job, finetuned_folder, folder_key
+    """(the job after every stage's :meth:`~rapids_attn.stage.Stage.later_job`, the model section preflight
+    describes). Where a stage points the later stages at a model it makes (finetune: its folder in the run directory)
+    and that model is not there yet (:meth:`~rapids_attn.stage.Stage.later_ready`), preflight describes the model it
+    starts from (the same layers, heads and tokenizer), and a run whose later stages need it without that stage is
+    refused."""
+    jobs = stage_jobs(cfg)
+    order = list(registered_stages())
+    described = None
+    for name, st in registered_stages().items():
+        job = jobs[name]
+        later = st.later_job(job)
+        if later.model == job.model or st.later_ready(job):
+            continue
+        after = [s for s in stages if order.index(s) > order.index(name)]
+        if name not in stages and after:
+            raise StoreError(
+                f"{later.model.name}: the {name} stage makes this model for the later stages, and it is not there "
+                f"yet; add {name} to --stages (e.g. --stages {','.join(s for s in order if s in {name, *stages})})"
+            )
+        described = described or job.model
+    analysed = _analysed_job(cfg)
+    return analysed, described or analysed.model
 
-    analysed = analysed_job(cfg)
-    if analysed is cfg:
-        return cfg, cfg.model
-    folder = finetuned_folder(cfg.run_dir)
-    if folder_key(folder) is not None:
-        return analysed, analysed.model
-    if "finetune" not in stages and any(not STAGES[s].reads_base_model for s in stages):
-        raise StoreError(
-            f"{folder}: finetune.enabled is set and the fine-tuned model is not there yet; add finetune to --stages "
-            f"(e.g. --stages finetune,{','.join(stages)})"
-        )
-    return analysed, cfg.model
 
-
-def _check_run_dir(ctx: RunContext, cfg: JobConfig) -> None:
+def _check_run_dir(ctx: RunContext, cfg: JobConfig, analysed: JobConfig) -> None:
     """The run directory is absent, empty, marked as rapids_attn's, or holds a rapids_attn store (made
     before the marker); anything else is refused unless --overwrite, and even then where a file of the
     user's has a name rapids_attn writes (:mod:`rapids_attn.rundir`)."""
@@ -264,7 +271,8 @@ def _check_run_dir(ctx: RunContext, cfg: JobConfig) -> None:
     from rapids_attn.store.zarr_store import inspect_store
 
     data_path = ctx.job.get("data", {}).get("path")
-    model = Path(ctx.model.source) if not cfg.finetune.enabled else Path(cfg.model.name)  # not the run's own fine-tune
+    # the job's own model, not one a stage makes in the run directory (the fine-tune)
+    model = Path(ctx.model.source) if analysed.model == cfg.model else Path(cfg.model.name)
     check_run_dir_place(
         ctx.run_dir,
         {"data.path": Path(data_path) if data_path else None, "model.name": model if model.is_dir() else None},
@@ -293,16 +301,24 @@ def run_job(cfg: JobConfig, stages: tuple[str, ...] | None = None, overwrite: bo
         raise JobConfigError("--overwrite replaces the store, so it needs the extract stage in --stages")
     if worker_stages() & set(stages):  # the workers' imports run beside the checks (processes.start_worker_server)
         from rapids_attn.processes import start_worker_server
+        from rapids_attn.registry import worker_modules
 
-        start_worker_server(cfg.runtime)
+        start_worker_server(cfg.runtime, worker_modules())
+    if sys.stderr.isatty():  # where someone waits on it; in a log a failure stays its one line
+        _status(f"preflight: checking the data, the model and the stages ({', '.join(stages)})")
     plan = preflight(cfg, stages, overwrite)
     from rapids_attn.runlock import run_lock
 
     with run_lock(plan.ctx.run_dir):  # from here on this run writes: one run per run directory
+        ctx = plan.ctx
+        _status(
+            f"preflight: done in {ctx.timings['preflight']:.1f} s ({len(ctx.data):,} examples, {ctx.model.n_layers} "
+            f"layers x {ctx.model.n_heads} heads)"
+        )
         from rapids_attn.rundir import mark_run_dir, remove_stale_outputs
 
         mark_run_dir(plan.ctx.run_dir)  # before any output: the directory is rapids_attn's from now on
-        stale = remove_stale_outputs(plan.ctx.run_dir, plan.ctx.stages)
+        stale = remove_stale_outputs(plan.ctx.run_dir, plan.stages)
         if stale:
             print(
                 f"rapids_attn: removed the earlier {', '.join(stale)} (they described the store before this run); "
@@ -324,8 +340,10 @@ def _run_stages(cfg: JobConfig, plan: RunPlan) -> dict:
                 client = _start_cluster(cfg, ctx, cluster_scope)
                 ctx.timings["cluster_start"] = time.perf_counter() - t  # workers up (not loaded: see extract)
             t = time.perf_counter()
+            _status(f"{st.name}: started ({i + 1} of {len(built)} stages)")
             result = st.run(ctx, client if st.uses_cluster(ctx) else None)
             result.seconds = time.perf_counter() - t
+            _status(f"{st.name}: done in {result.seconds:.1f} s")
             ctx.timings[st.name] = result.seconds
             ctx.results[st.name] = result
             if client is not None:
@@ -368,7 +386,7 @@ def _summary(ctx: RunContext) -> dict:
     summary = explain.to_dict()
     summary["seconds"] = {**summary.get("seconds", {}), **seconds}
     for name, result in ctx.results.items():  # every other stage's result under its name
-        if name != ExplainStage.name and not ExplainStage.carries(STAGES[name]):
+        if name != "explain" and not registered_stages()["explain"].carries(registered_stages()[name]):
             summary[name] = result.to_dict()
     write_json(ctx.run_dir / "summary.json", summary)
     return summary

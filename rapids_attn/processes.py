@@ -48,6 +48,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterable, Sequence
 
 from rapids_attn.errors import UserError
 
@@ -128,24 +130,23 @@ def environ_kept(keys):
                 os.environ[k] = v
 
 
-def worker_modules() -> tuple[str, ...]:
+def worker_modules(stages: Iterable) -> tuple[str, ...]:
     """What a local worker process imports before its first task can run (about 3 s of a 2-core machine's CPU per
     worker): the fork server imports them once, and every worker forks from it with them in memory.
 
-    ``distributed``, then every registered stage's :attr:`~rapids_attn.stage.Stage.worker_modules` (the stages
-    that run on the workers, in the registry's order, each module once: torch, transformers' model and tokenizer
-    modules, ``rapids_attn.extract.shard``, ``rapids_attn.heads.work``, ``rapids_attn.relevance.work``), and last
+    ``distributed``, then the :attr:`~rapids_attn.stage.Stage.worker_modules` of ``stages`` (stage classes: the
+    registry's, :func:`rapids_attn.registry.worker_modules`) that run on the workers, in their order, each module
+    once (torch, transformers' model and tokenizer modules, ``rapids_attn.extract.shard``, ...), and last
     :mod:`rapids_attn._fork_ready`, which freezes what the others imported. The same for every run of a process,
     whichever stages it runs: the server is started once."""
-    from rapids_attn.stage import registered_stages
-
-    stage_modules = [m for st in registered_stages().values() if st.runs_on_workers for m in st.worker_modules]
+    stage_modules = [m for st in stages if st.runs_on_workers for m in st.worker_modules]
     last = ["rapids_attn._fork_ready"] if enabled("server-freeze") else []
     return tuple(dict.fromkeys(["distributed", *stage_modules, *last]))
 
 
 _server_env: dict[str, str] | None = None  # the environment the fork server of this process was started with
 _server_pid: int | None = None  # and its process id: a server started again by another (distributed) is not ours
+_server_modules: tuple[str, ...] | None = None  # and what it imported
 
 
 def worker_env() -> dict[str, str]:
@@ -165,21 +166,47 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def start_worker_server(cfg) -> bool:
+@contextlib.contextmanager
+def sigint_blocked():
+    """Block SIGINT in the calling thread while a local cluster starts.
+
+    The cluster's event-loop thread starts inside and inherits the mask, and so does every worker
+    process the nannies spawn from that loop's threads: a worker starts with SIGINT blocked, before
+    any Python code of its own runs, so a Ctrl-C while the cluster starts (sent to the whole process
+    group) reaches the job process alone; there it stays pending and is raised on leaving.
+    multiprocessing's resource tracker unblocks SIGINT in the thread that first starts it, so it is
+    started here, before the mask is set. Off the main thread, or without ``pthread_sigmask``, a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def start_worker_server(cfg, modules: Sequence[str] | None = None) -> bool:
     """Start (or find running) the fork server a local cluster's worker processes fork from; returns whether
     this cluster's workers can fork from it (``runtime.cluster: local`` with processes, where the platform has
     the ``forkserver`` start method).
 
     A worker spawned afresh imports torch, transformers and the job's modules before its first task (about 3 s
     on two cores, each worker at once). The fork server is a fresh interpreter that imports them once
-    (:func:`worker_modules`); :func:`rapids_attn.pipeline.run_job` starts it before its preflight, so the
+    (``modules``: :func:`rapids_attn.registry.worker_modules`; None, as a :class:`~rapids_attn.runtime.Runtime`
+    asks: those of the server this process started, or ``distributed`` alone when it started none);
+    :func:`rapids_attn.pipeline.run_job` starts it before its preflight, so the
     imports run beside the job's checks, and each worker starts as a fork of it with the modules in memory.
     The server starts with the environment a spawned worker would get (:func:`worker_env`: glibc reads its
     malloc settings at a process's start, and a fork keeps them) and with SIGINT blocked
     (:func:`sigint_blocked`), which its forks inherit. A server already running with another environment (a
     later job in this process changed it), or one this function did not start, is left alone: that cluster's
     workers are spawned as before."""
-    global _server_env, _server_pid
+    global _server_env, _server_pid, _server_modules
     import multiprocessing
 
     if cfg.cluster != "local" or not cfg.processes or "forkserver" not in multiprocessing.get_all_start_methods():
@@ -193,9 +220,9 @@ def start_worker_server(cfg) -> bool:
     if (_server_env is not None and _server_env != env) or (running is not None and running != _server_pid):
         return False
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(worker_modules()))
-    from rapids_attn.runtime import sigint_blocked
-
+    if modules is None:
+        modules = _server_modules if _server_modules is not None else worker_modules(())
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
     try:
         with environ_kept(env), sigint_blocked():
             os.environ.update(env)
@@ -204,6 +231,7 @@ def start_worker_server(cfg) -> bool:
         log.debug("no fork server (%s): local workers are spawned", e)
         return False
     _server_env, _server_pid = env, getattr(forkserver._forkserver, "_forkserver_pid", None)
+    _server_modules = tuple(modules)
     return True
 
 
@@ -213,8 +241,8 @@ def stop_worker_server() -> None:
     exit once its imports end, seconds later, holding the job's output streams open all that while (a shell
     pipe or ``$(...)`` waits for it); SIGTERM ends it at once. Workers forked from it are separate processes,
     closed with their cluster before this runs."""
-    global _server_env, _server_pid
-    pid, _server_pid, _server_env = _server_pid, None, None
+    global _server_env, _server_pid, _server_modules
+    pid, _server_pid, _server_env, _server_modules = _server_pid, None, None, None
     if pid is None:
         return
     from multiprocessing import forkserver
@@ -228,18 +256,6 @@ def stop_worker_server() -> None:
             return
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, 0)  # no zombie while this process lives on (tests, the API)
-
-
-def start_server_early(cfg, stages: str | None) -> None:
-    """The local workers' fork server, started by the CLI as soon as the job is read (before the pipeline's own
-    imports, 1.5 s of torch and the stages), when a stage this run may run uses workers (``stages``: the
-    ``--stages`` value, or None for the default run, which has extract): its imports are what starting the
-    workers waits for (``run_job`` starts it too, a no-op once it runs)."""
-    from rapids_attn.stage import WORKER_STAGES
-
-    named = None if stages is None else {s.strip() for s in stages.split(",")}
-    if named is None or WORKER_STAGES & named:
-        start_worker_server(cfg.runtime)
 
 
 def exit_without_teardown(status: dict) -> None:

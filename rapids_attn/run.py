@@ -49,6 +49,8 @@ class Terminated(KeyboardInterrupt):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rapids_attn.registry import stages_help
+
     p = argparse.ArgumentParser(
         prog="python -m rapids_attn.run",
         description="Run a rapids_attn job: extract attention maps, embed, store in Zarr, reduce and cluster them, "
@@ -66,9 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stages",
         default=None,
-        help="comma-separated subset of finetune,extract,learn,heads,relevance,compare,explain, run in that order "
-        "(default: all but finetune, heads, relevance and compare, each of which runs when the job sets "
-        "finetune.enabled, heads.enabled, relevance.enabled or compare.enabled: true)",
+        help=stages_help(),  # from the registry: its stages in run order, and which a job turns on
     )
     p.add_argument("--overwrite", action="store_true", help="replace a store made by a different job")
     p.add_argument("--check", action="store_true", help="validate the job and its inputs, then stop")
@@ -168,7 +168,7 @@ def fail(message: str, code: int, verbose: bool) -> int:
 
 
 def end_worker_server() -> None:
-    """A job that ends early ends the fork server it started (:func:`rapids_attn.processes.start_server_early`): one still importing
+    """A job that ends early ends the fork server it started (:func:`_start_server_early`): one still importing
     torch would hold the job's output streams open for seconds after its exit."""
     processes = sys.modules.get("rapids_attn.processes")  # not imported: no server was started
     if processes is not None:
@@ -193,6 +193,19 @@ def overrides_in_order(argv: list[str]) -> list[str]:
     return out
 
 
+def _start_server_early(cfg, stages: str | None) -> None:
+    """The local workers' fork server, started as soon as the job is read (before the pipeline's own imports,
+    1.5 s of torch), when a stage this run may run uses workers (``stages``: the ``--stages`` value, or None for
+    the default run, which has extract): its imports are what starting the workers waits for (``run_job`` starts
+    it too, a no-op once it runs)."""
+    from rapids_attn.processes import start_worker_server
+    from rapids_attn.registry import worker_modules, worker_stages
+
+    named = None if stages is None else {s.strip() for s in stages.split(",")}
+    if named is None or worker_stages() & named:
+        start_worker_server(cfg.runtime, worker_modules())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -209,15 +222,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = None
     try:
         with sigterm_as_interrupt():
-            from rapids_attn.job import load_job
+            from rapids_attn.jobfile import load_job
 
             cfg = load_job(args.job, overrides)
-            from rapids_attn.processes import start_server_early, turned_off
+            from rapids_attn.processes import turned_off
 
             turned_off()  # a name in RAPIDS_ATTN_WITHOUT that is no piece: one line, exit 2
             if not args.check:
-                start_server_early(cfg, args.stages)
-            from rapids_attn.pipeline import parse_stages, preflight, run_job  # torch and the stages: 1.5 s
+                _start_server_early(cfg, args.stages)
+            from rapids_attn.pipeline import preflight, run_job  # torch and the stages: 1.5 s
+            from rapids_attn.registry import parse_stages
 
             stages = parse_stages(args.stages, cfg)
             if args.check:

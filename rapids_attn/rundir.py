@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from rapids_attn import __version__
@@ -257,15 +258,6 @@ def _empty_dir(p: Path) -> bool:
 EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "head_classes.json", "report")
 
 
-def store_stages() -> frozenset[str]:
-    """The stages that change the store, read from the registry (a stage's
-    :attr:`~rapids_attn.stage.Stage.provides`): a run of one of them without explain makes the explain
-    outputs stale. Explain itself writes to the store too, and writes those outputs anew."""
-    from rapids_attn.stage import registered_stages
-
-    return frozenset(name for name, st in registered_stages().items() if st.provides and name != "explain")
-
-
 REPORT = "report"
 #: the files the explain stage writes under ``report/``, by folder (relative to it) and name pattern; nothing
 #: else there is rapids_attn's (kept in step with explain.report, explain.headview and explain.explorer, and
@@ -337,8 +329,10 @@ def _own_report_files(report: Path) -> list[Path]:
     return out
 
 
-def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
-    """Before a run that changes the store (extract, learn, heads or relevance) without explaining it again,
+def remove_stale_outputs(run_dir: Path, stages: Sequence) -> list[str]:
+    """Before a run that changes the store (a stage that provides arrays: extract, learn, heads, relevance, ...)
+    without explaining it again (``stages``: the run's stages, objects or classes with a ``name`` and the
+    ``provides`` of :class:`rapids_attn.stage.Stage`; explain writes to the store too, and these outputs anew),
     remove the explain stage's earlier outputs from a marked run directory: they describe the store as it
     was, and a reader would take them for this run's. Only the files rapids_attn wrote, by name, in a
     directory it marked: never a folder as a whole, never through a symbolic link (a link in the place of an
@@ -347,7 +341,8 @@ def remove_stale_outputs(run_dir: Path, stages: tuple[str, ...]) -> list[str]:
     manifest, then empty, stays with them (a file of theirs named as ours is never taken for ours later).
     Called only once every check of the run has passed (preflight, then the lock). Returns the names removed."""
     run_dir = Path(run_dir)
-    if "explain" in stages or not store_stages() & set(stages) or read_marker(run_dir) is None:
+    names = {st.name for st in stages}
+    if "explain" in names or not any(st.provides for st in stages) or read_marker(run_dir) is None:
         return []
     removed = []
     for name in EXPLAIN_OUTPUTS:

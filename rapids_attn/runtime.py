@@ -38,7 +38,7 @@ from distributed import WorkerPlugin
 
 from rapids_attn.devices import cuda_device_count
 from rapids_attn.errors import BackendUnavailableError, JobConfigError
-from rapids_attn.processes import environ_kept_of_workers, start_worker_server, worker_allocator_env
+from rapids_attn.processes import environ_kept_of_workers, sigint_blocked, start_worker_server, worker_allocator_env
 
 log = logging.getLogger(__name__)
 
@@ -139,38 +139,6 @@ def worker_log_level() -> int:
     quieted distributed (``run.configure_process`` without ``-v``: a worker's "Compute Failed" dump is
     then noise before the job's one-line error), otherwise ERROR, as before."""
     return logging.ERROR if logging.getLogger("distributed").isEnabledFor(logging.WARNING) else logging.CRITICAL
-
-
-@contextlib.contextmanager
-def sigint_blocked():
-    """Block SIGINT in the calling thread while a local cluster starts.
-
-    The cluster's event-loop thread starts inside and inherits the mask, and so does every worker
-    process the nannies spawn from that loop's threads: a worker starts with SIGINT blocked, before
-    any Python code of its own runs, so a Ctrl-C while the cluster starts (sent to the whole process
-    group) reaches the job process alone; there it stays pending and is raised on leaving.
-    multiprocessing's resource tracker unblocks SIGINT in the thread that first starts it, so it is
-    started here, before the mask is set. Off the main thread, or without ``pthread_sigmask``, a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def __getattr__(name: str):
-    if name == "WORKER_MODULES":  # the name before processes.worker_modules() read them from the stages
-        from rapids_attn.processes import worker_modules
-
-        return worker_modules()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: the thread variables as the user set them, read when this module is first imported: before any local cluster,

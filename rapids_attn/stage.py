@@ -12,12 +12,13 @@ so it can be built and run without a job file. It declares:
 - :meth:`Stage.uses_cluster`: whether its run needs the Dask client (the pipeline owns the client's
   lifetime: it starts the cluster before the first stage that needs it and closes it after the last);
 - :meth:`Stage.run`: does the work and returns a typed :class:`StageResult`, which goes into
-  ``summary.json``;
+  ``summary.json`` under the stage's name; the pipeline times it and prints one line on stderr as it starts and
+  one when it ends (``rapids_attn: learn: done in 23.4 s``);
 - where it runs and how it is reported, as class attributes the pipeline, the runtime and the explain stage read
   (none of them keeps a list of stages of its own):
 
   - ``runs_on_workers``: its work is tasks on the local cluster's workers, each with a model of its own, so a run
-    that includes it starts the workers' fork server before its preflight (:func:`worker_stages`);
+    that includes it starts the workers' fork server before its preflight (:func:`rapids_attn.registry.worker_stages`);
   - ``worker_modules``: what those workers import before their first task; the fork server imports them once
     (:func:`rapids_attn.processes.worker_modules`), so a worker forked from it has them in memory;
   - ``summarised``: the explain stage's summary already carries this stage's result, so ``summary.json`` does not
@@ -25,18 +26,34 @@ so it can be built and run without a job file. It declares:
   - :meth:`Stage.report_section`: how the explain stage reports it (a :class:`ReportSection`: what it adds to
     ``summary.json`` and the section, figures and link of ``report/index.html``), or None.
 
-The stages a job can run are registered in one place, :data:`rapids_attn.pipeline.STAGES`, in the order they
-run (:func:`registered_stages`). To add a stage: write ``rapids_attn/<name>/stage.py`` with a ``Stage``
-subclass, its job section in :mod:`rapids_attn.job`, its arrays in the schema with ``stage=<name>``, and its
-line in that registry. Nothing else has to change (docs/architecture.md, "Adding a stage").
+- its job section: ``settings``, a :class:`rapids_attn.settings.Section` subclass in the stage's package
+  (``rapids_attn/<name>/config.py``), under the key :meth:`Stage.section_key` (its name unless ``section`` says
+  otherwise); the job's schema has one such section per registered stage (:func:`rapids_attn.job.job_model`), so
+  ``cfg.<key>`` is the stage's validated settings, with its defaults when the job leaves it out. A section whose
+  settings change what the store holds (finetune, enabled) says which in its
+  :meth:`~rapids_attn.settings.Section.store_settings`, and those enter the store's key;
+- how it changes the job for the stages after it, where it does (the finetune stage: they analyse the fine-tuned
+  model over the held-out examples), as three hooks the pipeline applies in the registry's order, to every stage
+  after it whether or not this run runs it (:func:`rapids_attn.pipeline.stage_jobs`):
+
+  - :meth:`Stage.later_job`: the job as the later stages see it (default: unchanged); the job it returns keeps the
+    job as written (:attr:`rapids_attn.job.JobCore.as_written`) for a later stage that also needs that (compare);
+  - :meth:`Stage.later_index`: the examples the later stages read, where it changes them (default: the job's);
+  - :meth:`Stage.later_ready`: whether what :meth:`Stage.later_job` points at exists already (a model folder); until
+    it does, preflight describes the job's own model, and a run that needs it without this stage is refused.
+
+The stages a job can run are registered in one place, :mod:`rapids_attn.registry`, in the order they run. To add a
+stage: write ``rapids_attn/<name>/config.py`` (its settings, if any) and ``rapids_attn/<name>/stage.py`` with a
+``Stage`` subclass, its arrays in the schema with ``stage=<name>``, and its line in the registry (or
+:func:`rapids_attn.registry.register`). Nothing else has to change. This module imports neither the registry nor the
+pipeline.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
-from collections.abc import Set as AbstractSet
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -46,6 +63,7 @@ if TYPE_CHECKING:
     from rapids_attn.devices import DevicePlan
     from rapids_attn.extract.model import ModelInfo
     from rapids_attn.job import JobConfig
+    from rapids_attn.settings import Section
     from rapids_attn.store.schema import ArraySpec
     from rapids_attn.store.zarr_store import StoreLayout
 
@@ -83,6 +101,10 @@ class RunContext:
     #: the stages this run runs, in order
     stages: tuple[str, ...]
     overwrite: bool = False
+    #: every stage a job can run, by name, in run order, as the pipeline read it from :mod:`rapids_attn.registry`: a
+    #: stage that needs the others (which run on the workers, which have report sections) reads them here, never
+    #: from the registry, which imports the stages (tests/unit/test_import_cycles.py)
+    registry: Mapping[str, type[Stage]] = field(default_factory=dict)
     #: what the Dask cluster looked like (workers, dashboard); filled by the pipeline when it starts one
     runtime: dict = field(default_factory=dict)
     #: results of the stages already run in this run, by name
@@ -102,8 +124,8 @@ class Stage(ABC):
     requires: ClassVar[tuple[ArraySpec, ...]] = ()
     provides: ClassVar[tuple[ArraySpec, ...]] = ()
     #: its work is tasks on the local cluster's workers, each loading a model of its own: a run that includes it
-    #: starts the workers' fork server before its preflight (:func:`worker_stages`). Not the same as
-    #: :meth:`uses_cluster`, which says, per run, whether :meth:`run` needs the Dask client at all
+    #: starts the workers' fork server before its preflight (:func:`rapids_attn.registry.worker_stages`). Not the
+    #: same as :meth:`uses_cluster`, which says, per run, whether :meth:`run` needs the Dask client at all
     runs_on_workers: ClassVar[bool] = False
     #: the modules its workers import before their first task (its task functions' module, torch, ...): the fork
     #: server a local cluster's workers fork from imports them once (:func:`rapids_attn.processes.worker_modules`)
@@ -111,10 +133,35 @@ class Stage(ABC):
     #: the explain stage's summary already carries this stage's result (read back from the store, or through its
     #: :meth:`report_section`), so ``summary.json`` does not repeat it under the stage's name
     summarised: ClassVar[bool] = False
-    #: built from the job as written, where the others are built from the job as analysed: with
-    #: ``finetune.enabled`` those analyse the fine-tuned folder (:func:`rapids_attn.finetune.stage.analysed_job`),
-    #: and these (finetune, compare) also need the model fine-tuning starts from
-    reads_base_model: ClassVar[bool] = False
+    #: its job section's settings (``rapids_attn/<name>/config.py``), or None: it has no section of its own
+    settings: ClassVar[type[Section] | None] = None
+    #: the key of its section in the job (``heads:``); empty: the stage's name
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def section_key(cls) -> str:
+        """Where its settings are in the job (``cfg.<key>``, ``<key>:`` in a job file)."""
+        return cls.section or cls.name
+
+    @classmethod
+    def later_job(cls, cfg: JobConfig) -> JobConfig:
+        """The job as the stages after this one see it (they are built from it): ``cfg`` itself unless this stage
+        changes what they analyse (finetune, enabled: ``model.name`` becomes its fine-tuned folder). Applied whether
+        or not this run runs the stage, so the later stages of a run that leaves it out read what it made."""
+        return cfg
+
+    @classmethod
+    def later_index(cls, cfg: JobConfig) -> DataIndex | None:
+        """The examples the stages after this one read (finetune, enabled: the held-out groups'), or None: the
+        job's own (``data``). ``cfg`` is the job this stage is built from."""
+        return None
+
+    @classmethod
+    def later_ready(cls, cfg: JobConfig) -> bool:
+        """Whether what :meth:`later_job` points the later stages at is there already (the fine-tuned folder,
+        complete). Until then preflight describes the job's own model (the same layers, heads and tokenizer), and a
+        run that needs it and does not run this stage is refused."""
+        return True
 
     @classmethod
     def report_section(cls) -> ReportSection | None:
@@ -190,44 +237,6 @@ class ReportSection(ABC):
     @abstractmethod
     def html(self, state: Any, figures: list[str]) -> str:
         """The section (``<section id="{anchor}">...``), or "" when there is nothing to show."""
-
-
-def registered_stages() -> dict[str, type[Stage]]:
-    """Every stage a job can run, by name, in the order they run: the one registry,
-    :data:`rapids_attn.pipeline.STAGES` (read at each call, so a stage added there is seen everywhere)."""
-    from rapids_attn import pipeline
-
-    return pipeline.STAGES
-
-
-def worker_stages() -> frozenset[str]:
-    """The registered stages that run on the workers (:attr:`Stage.runs_on_workers`)."""
-    return frozenset(name for name, st in registered_stages().items() if st.runs_on_workers)
-
-
-class _WorkerStages(AbstractSet):
-    """:data:`WORKER_STAGES`: a set of stage names read from the registry at each use (``WORKER_STAGES & stages``)."""
-
-    @classmethod
-    def _from_iterable(cls, it: Iterable[str]) -> frozenset[str]:
-        return frozenset(it)
-
-    def __contains__(self, name: object) -> bool:
-        return name in worker_stages()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(worker_stages())
-
-    def __len__(self) -> int:
-        return len(worker_stages())
-
-    def __repr__(self) -> str:
-        return f"WORKER_STAGES({sorted(worker_stages())})"
-
-
-#: the stages that run on a local cluster's workers, as a set (``WORKER_STAGES & set(stages)``): the registered
-#: stages whose :attr:`Stage.runs_on_workers` is set, read from the registry when used
-WORKER_STAGES: AbstractSet[str] = _WorkerStages()
 
 
 def check_max_length(field: str, value: int | None, ctx: RunContext) -> None:

@@ -10,7 +10,10 @@ The driver side (used by the heads, relevance and explain stages; the three work
   probes left out), and :func:`shards_of`: that sample cut into tasks, two per worker;
 - :func:`map_tasks`: a task function mapped over tasks on the Dask workers, the results in the tasks' order,
   with a progress bar (:func:`progress`);
-- :func:`json_safe`: a result made of NumPy values as ``summary.json`` and the store's attributes take it.
+- :func:`json_safe`: a result made of NumPy values as ``summary.json`` and the store's attributes take it;
+- :func:`stages_for` / :func:`run_stages`: a stage that runs other stages over another model (compare
+  runs extract, and heads, on each compared model into ``models/<label>``): built from that model's job, checked
+  in the stage's own preflight, run in a context of their own on the client the stage was given.
 
 The worker side: :class:`WorkerCache`, one job's model (and what goes with it) per worker process, built by the
 first task of the job and kept for the next ones. This module imports only the standard library and NumPy at
@@ -141,6 +144,29 @@ def map_tasks(client, fn: Callable[[Any], T], tasks: Sequence[Any], desc: str) -
             out[index[fut.key]] = fut.result()
             bar.update(1)
     return out
+
+
+def stages_for(job, classes: Sequence[type[Stage]]) -> list[Stage]:
+    """The stages of ``classes``, in their order, built from ``job`` (:meth:`Stage.from_job`): another model's job,
+    whose stages a stage runs inside its own (checked in its ``check``, with that model's context). The calling
+    stage names the classes it runs (it imports them; none of them imports it)."""
+    return [cls.from_job(job) for cls in classes]
+
+
+def run_stages(stages: Sequence[Stage], ctx: RunContext, client=None) -> dict[str, Any]:
+    """Run ``stages`` (from :func:`stages_for`) in order in ``ctx``, the other model's context (its own run
+    directory, store and key), as the pipeline runs a job's: each with the client when it uses the cluster, its
+    result timed; returns the results by stage name. The cluster is the calling stage's: nothing is released."""
+    import dataclasses
+    import time
+
+    sub = dataclasses.replace(ctx, stages=tuple(st.name for st in stages), results={}, timings={})
+    for st in stages:
+        t = time.perf_counter()
+        result = st.run(sub, client if st.uses_cluster(sub) else None)
+        result.seconds = sub.timings[st.name] = time.perf_counter() - t
+        sub.results[st.name] = result
+    return sub.results
 
 
 def json_safe(x):

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     from rapids_attn.compare.correctness import predicts_correct
     from rapids_attn.errors import RapidsAttnError
     from rapids_attn.extract.signature import STAT_NAMES
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.store import schema as S
 
     t0 = time.perf_counter()

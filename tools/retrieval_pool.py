@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from rapids_attn.errors import RapidsAttnError
     from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP, describe_model, load_model, load_tokenizer
     from rapids_attn.heads.metrics import RetrievalMetric
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.stagekit import sample_positions
 
     try:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rapids_attn.compare.config import CompareConfig
 from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
 from rapids_attn.stagekit import MODEL_WORKER_MODULES
 from rapids_attn.store import schema as S
@@ -81,7 +82,7 @@ def check_compared_names(cfg) -> None:
     model it starts from (``model.name``) is the base it is compared with: listing it is how the base is compared
     beside other models, not a repeat."""
     from rapids_attn.errors import JobConfigError
-    from rapids_attn.job import show
+    from rapids_attn.settings import show
 
     job = model_identity(cfg.model.name)
     seen: dict[str, int] = {}
@@ -173,7 +174,7 @@ class CompareStage(Stage):
         "rapids_attn.heads.work",  # compare.heads: the heads stage's tasks on a compared model
     )
     summarised = True
-    reads_base_model = True
+    settings = CompareConfig
 
     def __init__(self, cfg):
         from rapids_attn.finetune.stage import analysed_job
@@ -189,7 +190,7 @@ class CompareStage(Stage):
 
     @classmethod
     def from_job(cls, cfg) -> CompareStage:
-        return cls(cfg)
+        return cls(cfg.as_written)  # the job as written: the model fine-tuning starts from is one it compares
 
     @classmethod
     def runs_by_default(cls, cfg) -> bool:
@@ -259,7 +260,7 @@ class CompareStage(Stage):
         config, tokenizer or weights; ``model.name: ...`` as the checks shared with the job's model say it) is
         ``compare.models[i]: ...``, and a job setting it fails (``model.max_length: ...``) says which model."""
         from rapids_attn.errors import UserError
-        from rapids_attn.job import show
+        from rapids_attn.settings import show
 
         try:
             return self._plan(ctx, other)
@@ -279,7 +280,6 @@ class CompareStage(Stage):
         from rapids_attn.compare.pairwise import check_same_tokens
         from rapids_attn.errors import JobConfigError, ModelError
         from rapids_attn.extract.model import describe_model, load_config, load_tokenizer, resolve_attention
-        from rapids_attn.extract.stage import ExtractStage
 
         now = self._model_now(other)
         info = describe_model(now, check_files=True, attention=self.job.extract.attention)
@@ -304,20 +304,30 @@ class CompareStage(Stage):
                 resolve_attention("blocked", load_config(m)[1], m.name)
         except ModelError as e:
             why = str(e)
-        sub = self._sub_context(ctx, other, info)
-        ExtractStage.from_job(self._sub_job(ctx, other)).check(sub)
-        if self.cfg.compare.heads:
-            from rapids_attn.errors import UserError
-            from rapids_attn.heads.stage import HeadsStage
+        from rapids_attn.errors import UserError
+        from rapids_attn.stagekit import stages_for
 
+        sub = self._sub_context(ctx, other, info)
+        for st in stages_for(self._sub_job(ctx, other), self._sub_stages()):
             try:
-                HeadsStage.from_job(self._sub_job(ctx, other)).check(sub)
+                st.check(sub)
             except UserError as e:
-                raise JobConfigError(f"compare.heads: model '{other.label}' ({other.model.name}): {e}") from None
+                if st.name == "extract":  # the compared model's own problem: named by _planned
+                    raise
+                raise JobConfigError(f"compare.{st.name}: model '{other.label}' ({other.model.name}): {e}") from None
         return {"maps": why is None, "why": why, "context": sub}
 
+    def _sub_stages(self) -> tuple[type[Stage], ...]:
+        """The stages run on each compared model: extract, and heads with ``compare.heads``."""
+        from rapids_attn.extract.stage import ExtractStage
+        from rapids_attn.heads.stage import HeadsStage
+
+        return (ExtractStage, HeadsStage) if self.cfg.compare.heads else (ExtractStage,)
+
     def _sub_job(self, ctx: RunContext, other: Compared):
-        from rapids_attn.job import CompareConfig, FinetuneConfig, OutputConfig
+        from rapids_attn.compare.config import CompareConfig
+        from rapids_attn.finetune.config import FinetuneConfig
+        from rapids_attn.job import OutputConfig
 
         update = {
             "model": other.model,
@@ -366,8 +376,7 @@ class CompareStage(Stage):
         import zarr
 
         from rapids_attn.compare.work import MapsTask, compare_maps
-        from rapids_attn.extract.stage import ExtractStage
-        from rapids_attn.stagekit import map_tasks, open_for_run, sample_positions, shards_of
+        from rapids_attn.stagekit import map_tasks, open_for_run, run_stages, sample_positions, shards_of, stages_for
         from rapids_attn.store.zarr_store import consolidate, mark_complete
 
         if not hasattr(self, "plans"):
@@ -376,11 +385,16 @@ class CompareStage(Stage):
         for o in self.others:  # each compared model's maps, statistics and features, into models/<label>
             sub = self.plans[o.label]["context"]
             sub.run_dir.mkdir(parents=True, exist_ok=True)
-            print(f"rapids_attn: compare: extracting {o.model.name} into {sub.run_dir}", file=sys.stderr, flush=True)
-            r = ExtractStage.from_job(self._sub_job(ctx, o)).run(sub, client)
+            todo = stages_for(self._sub_job(ctx, o), self._sub_stages())
+            print(
+                f"rapids_attn: compare: {' and '.join(st.name for st in todo)} on {o.model.name} into {sub.run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+            r = run_stages(todo, sub, client)["extract"]
             extracted[o.label] = {"store": str(sub.store_path), "resumed": r.resumed, "shards_run": r.shards_run}
             if self.cfg.compare.heads:
-                extracted[o.label]["heads"] = self._heads_of(ctx, sub, o, client)
+                extracted[o.label]["heads"] = self._heads_of(sub)
         from rapids_attn.extract.shard import release_worker_cache
 
         client.run(release_worker_cache)  # the workers' extraction models, before each loads two more
@@ -539,18 +553,14 @@ class CompareStage(Stage):
             )
         return out
 
-    def _heads_of(self, ctx: RunContext, sub: RunContext, other: Compared, client) -> dict:
-        """The heads stage's single-head ablation on a compared model, over the job's heads examples, into its own
-        store: the metric, the examples, the whole model's score and each head's cost [layer][head]."""
+    def _heads_of(self, sub: RunContext) -> dict:
+        """What the heads stage's single-head ablation on a compared model (over the job's heads examples, run by
+        :meth:`run`) left in its store: the metric, the examples, the whole model's score and each head's cost
+        [layer][head]."""
         import zarr
 
         from rapids_attn.explain.heads import stored_result
-        from rapids_attn.heads.stage import HeadsStage
 
-        print(f"rapids_attn: compare: heads stage on {other.model.name}", file=sys.stderr, flush=True)
-        HeadsStage.from_job(self._sub_job(ctx, other)).run(
-            dataclasses.replace(sub, stages=("extract", "heads")), client
-        )
         info = stored_result(zarr.open_group(str(sub.store_path), mode="r")) or {}
         keep = ("metric", "examples", "ablation", "headline", "base", "cost")
         return {k: info[k] for k in keep if k in info}
@@ -613,7 +623,7 @@ class CompareStage(Stage):
         k = max(1, min(len(every), self.cfg.compare.fit_sample // per_example))
         sample = np.sort(np.random.default_rng(ctx.seed).choice(every, size=k, replace=False))
         fit = np.concatenate([f.get_orthogonal_selection((sample,)).reshape(-1, f.shape[-1]) for f in feats])
-        est = MapClusterer(self.job.reduce, self.job.cluster, ctx.seed, backend)
+        est = MapClusterer.from_config(self.job.reduce, self.job.cluster, ctx.seed, backend)
         est.fit(backend.asarray(fit))
         b = est.backend_
         n_all = feats[0].shape[0]  # the store's examples: the probes (not in ``every``) stay -1 and NaN

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from rapids_attn.data.example import Example
+from rapids_attn.stagekit import WorkerCache
 
-#: this worker's two models, loaded once per (models, device, dtype): a worker runs many tasks of one stage
-_LOADED: dict = {}
+#: this worker's two models (their captures, the job's tokenizer and the device), loaded by the first task of a
+#: (models, device, dtype, base) and kept for the stage's later tasks: the workers' one model cache
+_PAIRS: WorkerCache[tuple] = WorkerCache()
 
 
 @dataclass(frozen=True)
@@ -36,15 +38,16 @@ def _models(task: MapsTask):
 
     saved = checkpoint_dtype(task.model_b) if task.devices.model_dtype == "auto" else None
     dev = task.devices.on_this_worker(saved)
-    key = (task.model_a.name, task.model_b.name, dev.device, dev.model_dtype, task.attention_base)
-    if key not in _LOADED:
-        _LOADED.clear()  # one pair at a time
+    key = repr((task.model_a, task.model_b, dev.device, dev.model_dtype, task.attention_base))
+
+    def build():
         captures = []
         for m in (task.model_a, task.model_b):
             model = load_model(m, dev.device, dev.model_dtype, "blocked", forward_base(task.attention_base))
             captures.append(AttentionCapture(model, model.config.num_hidden_layers))
-        _LOADED[key] = (*captures, load_tokenizer(task.model_b), dev.device)
-    return _LOADED[key]
+        return (*captures, load_tokenizer(task.model_b), dev.device)
+
+    return _PAIRS.get(key, build)  # one pair at a time, built once under the cache's lock
 
 
 def compare_maps(task: MapsTask) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +83,6 @@ def release_models() -> int:
     """Drop this worker's compared models; how many pairs were held."""
     from rapids_attn.devices import empty_device_cache
 
-    held = len(_LOADED)
-    _LOADED.clear()
+    held = _PAIRS.release()
     empty_device_cache()
     return held

@@ -129,7 +129,7 @@ def short_windows_warning(windowed: int, max_length: int) -> str | None:
     return (
         f"head classes: {windowed} example(s) were read as windows of {max_length} tokens; a row there sees at most "
         f"{max_length} keys, so the streaming and retrieval classes describe the windows more than the heads "
-        f"(README, 'Head classes for long contexts'); raise model.max_length above {SHORT_WINDOWS} for them"
+        f"(docs/stages.md, 'Head classes for long contexts'); raise model.max_length above {SHORT_WINDOWS} for them"
     )
 
 

@@ -33,7 +33,7 @@ def join(
     """-> (the join, for summary.json and the report; a warning or None). ``info``: :func:`stored_result`.
     ``dominant_cluster`` [l, h] is over the store's kept layers and heads (``layers``, ``heads``), whose
     model indices the heads stage uses."""
-    from rapids_attn.heads.stage import learn_key
+    from rapids_attn.learn.storeio import learn_key
 
     attrs = g.attrs
     if not info:

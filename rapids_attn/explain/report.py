@@ -56,13 +56,6 @@ def _figure_re(sections) -> re.Pattern:
     return re.compile(rf"^({'|'.join(names)})\.png$")
 
 
-def _all_sections() -> list:
-    """Every registered stage's report section, with nothing read (a report written outside the explain stage)."""
-    from rapids_attn.explain.stage import report_sections
-
-    return [(sec, None) for sec in report_sections().values()]
-
-
 # ---------------------------------------------------------------------------------------------
 # figures
 
@@ -238,7 +231,7 @@ def write_report(
     findings: Findings,
     arrays: FigureArrays | None,
     headviews: dict[int, list[str]] | None = None,
-    sections: list | None = None,
+    sections: list | None = None,  # (section, state) pairs; none: the page without the stages' sections
     owned: set[str] | None = None,
     written: set[str] | None = None,
 ) -> Path:
@@ -263,7 +256,7 @@ def write_report(
     index.unlink(missing_ok=True)  # a page from an earlier run must not survive a failed rewrite
     for old in report_dir.glob(STAGING_PREFIX + "*"):  # left by a process that was killed
         shutil.rmtree(old, ignore_errors=True)
-    sections = _all_sections() if sections is None else list(sections)
+    sections = list(sections or ())
     figure_re = _figure_re(sections)
     stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=report_dir))
     try:

@@ -9,10 +9,11 @@ from the result.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rapids_attn.stage import RunContext, Stage, StageResult, registered_stages
+from rapids_attn.stage import RunContext, Stage, StageResult
 from rapids_attn.stagekit import open_for_run
 from rapids_attn.store import schema as S
 
@@ -71,7 +72,8 @@ class ExplainStage(Stage):
         g = open_for_run(self, ctx, rewrite=False)
         n_maps = write_maps_table(g, ctx.run_dir / "maps.parquet")
         summary = build_summary(ctx, g, n_maps, self.data, self.embed_name)
-        findings, arrays = describe(g, self.explain_cfg, self.seed, load_tokenizer(self.model_cfg))
+        say(f"describing {summary['clusters']['n_clusters']} clusters of {n_maps:,} maps")
+        findings, arrays = describe(g, self.explain_cfg, self.seed, load_tokenizer(self.model_cfg), say=say)
         found = findings.to_dict()
         summary["clusters"]["descriptions"] = found["clusters"]
         summary["heads"] = found["heads_table"]
@@ -83,7 +85,7 @@ class ExplainStage(Stage):
         summary["head_detectors"] = found["detectors"]
         # every registered stage's report section, in the stages' order: what it left in the store, into the summary
         self._sections = {}
-        for name, section in report_sections().items():
+        for name, section in report_sections(ctx.registry).items():
             self._sections[name] = (section, section.read(g, summary, findings, arrays, self._reported()))
         from rapids_attn.explain import head_classes as HC
 
@@ -152,6 +154,7 @@ class ExplainStage(Stage):
         written: set[str] = set()
         views = None
         if self.explain_cfg.head_views:
+            say(f"head views: {self.explain_cfg.head_views} exemplars of each of {len(findings.clusters)} clusters")
             try:
                 views = write_head_views(
                     report_dir, self.model_cfg, ctx.data.examples(), findings.clusters, owned=before
@@ -165,9 +168,10 @@ class ExplainStage(Stage):
                 findings.warnings.append(msg)  # summary["warnings"] is the same list
                 print(f"warning: {msg}", file=sys.stderr)
             summary["head_views"] = head_view_sizes(ctx.run_dir / "report", views)  # pages, bytes: kept small
-        self._explorer(ctx, summary)  # first, so that the report links to it
+        self._explorer(ctx, summary, findings)  # first, so that the report links to it
         if summary.get("explorer"):
             written.add(Path(summary["explorer"]["path"]).name)
+        say("report: figures and page")
         index = write_report(
             ctx.run_dir,
             overview,
@@ -183,7 +187,7 @@ class ExplainStage(Stage):
         write_report_manifest(report_dir, written)
         return index
 
-    def _explorer(self, ctx: RunContext, summary: dict) -> None:
+    def _explorer(self, ctx: RunContext, summary: dict, findings=None) -> None:
         """report/explorer.html (explain.explorer), or none: an earlier run's file is removed."""
         import zarr
 
@@ -203,11 +207,14 @@ class ExplainStage(Stage):
             for i, e in zip(examples, ctx.data.read(examples), strict=True)
         }
         atlas = (self._reported().get("relevance") or {}).get("atlas")  # the relevance stage's head atlas
-        path = write_explorer(out.parent, g, texts, atlas, self.explain_cfg.explorer_sample, self.seed)
+        n_models = len(explorer_models(g))
+        say(f"explorer: {len(idx):,} sampled maps" + (f" of each of {n_models} models" if n_models > 1 else ""))
+        names = {c.id: c.summary for c in findings.clusters} if findings is not None else None  # the legend's
+        path = write_explorer(out.parent, g, texts, atlas, self.explain_cfg.explorer_sample, self.seed, names)
         summary["explorer"] = {
             "path": str(path),
             "maps": len(idx),  # per model: with the compare stage, every model's maps of the same sample
-            "models": len(explorer_models(g)),
+            "models": n_models,
             "bytes": path.stat().st_size,
         }
 
@@ -216,10 +223,16 @@ class ExplainStage(Stage):
         return {name: state for name, (_, state) in getattr(self, "_sections", {}).items()}
 
 
-def report_sections() -> dict:
-    """The report sections of the registered stages (:meth:`Stage.report_section`), by stage name, in their order."""
+def say(msg: str) -> None:
+    """One status line on stderr for a long step of the stage: ``rapids_attn: explain: ...``."""
+    print(f"rapids_attn: explain: {msg}", file=sys.stderr, flush=True)
+
+
+def report_sections(stages: Mapping[str, type[Stage]]) -> dict:
+    """The report sections of ``stages`` (the run's registry, :attr:`RunContext.registry`) that have one
+    (:meth:`Stage.report_section`), by stage name, in their order."""
     out = {}
-    for name, st in registered_stages().items():
+    for name, st in stages.items():
         section = st.report_section()
         if section is not None:
             out[name] = section

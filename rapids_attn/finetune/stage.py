@@ -30,7 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from rapids_attn.finetune import checkpoints
+from rapids_attn.finetune.config import FinetuneConfig
 from rapids_attn.stage import RunContext, Stage, StageResult
+
+#: the heads stage's metric for a fine-tune's task head (``heads.metric: auto`` on the fine-tuned model)
+TASK_METRICS = {"qa": "squad", "classify": "accuracy"}
 
 #: under the run directory: the fine-tuned model's folder, and Trainer's checkpoints while it trains
 MODELS_DIR = "models"
@@ -133,18 +137,25 @@ def checkpoints_folder(run_dir: Path, label: str = FINETUNED) -> Path:
 
 
 def analysed_job(cfg):
-    """The job as the stages after ``finetune`` see it: with ``finetune.enabled``, ``model.name`` is the fine-tuned
-    folder in the run directory; otherwise the job itself."""
+    """The job as the stages after ``finetune`` see it (:meth:`FinetuneStage.later_job`): with ``finetune.enabled``,
+    ``model.name`` is the fine-tuned folder in the run directory (and ``heads.metric: auto`` its task's metric,
+    :data:`TASK_METRICS`); otherwise the job itself. The job as written stays its ``as_written``."""
     if not cfg.finetune.enabled:
         return cfg
     model = cfg.model.model_copy(update={"name": str(finetuned_folder(cfg.run_dir)), "revision": None})
-    return cfg.model_copy(update={"model": model})
+    update = {"model": model}
+    heads = getattr(cfg, "heads", None)
+    if heads is not None and heads.metric == "auto":  # the fine-tune's task head is scored by the task's metric
+        update["heads"] = heads.model_copy(update={"metric": TASK_METRICS[cfg.finetune.task]})
+    later = cfg.model_copy(update=update)
+    later._as_written = cfg.as_written
+    return later
 
 
 def settings_key(cfg, fingerprint: str, run: FineTune | None = None) -> dict:
     """What decides one fine-tune's weights: the model it starts from, the finetune section (its own training seed;
     not the list of controls), whether its labels were shuffled, the split's seed (``runtime.seed``), the file."""
-    from rapids_attn.job import CONTROL_SETTINGS
+    from rapids_attn.finetune.config import CONTROL_SETTINGS
 
     run = run or fine_tunes(cfg)[0]
     f = {k: v for k, v in cfg.finetune.model_dump(mode="json").items() if k not in CONTROL_SETTINGS}
@@ -251,8 +262,7 @@ class FinetuneResult(StageResult):
 
 class FinetuneStage(Stage):
     name = "finetune"
-    #: built from the job as written (its model is the one fine-tuning starts from), not :func:`analysed_job`
-    reads_base_model = True
+    settings = FinetuneConfig
     #: the explain stage reports it from the folder's metrics.json (:class:`rapids_attn.compare.report.FinetuneSection`)
     summarised = True
 
@@ -272,6 +282,26 @@ class FinetuneStage(Stage):
     @classmethod
     def runs_by_default(cls, cfg) -> bool:
         return cfg.finetune.enabled
+
+    @classmethod
+    def later_job(cls, cfg):
+        """Enabled, the later stages analyse the fine-tuned folder (:func:`analysed_job`)."""
+        return analysed_job(cfg)
+
+    @classmethod
+    def later_index(cls, cfg):
+        """Enabled, the later stages read the held-out groups' examples only, the ones training never saw
+        (:func:`rapids_attn.finetune.split.held_out_index`)."""
+        if not cfg.finetune.enabled:
+            return None
+        from rapids_attn.finetune.split import held_out_index
+
+        return held_out_index(cfg)
+
+    @classmethod
+    def later_ready(cls, cfg) -> bool:
+        """The fine-tuned folder is complete (its metrics.json says what it was made from)."""
+        return not cfg.finetune.enabled or folder_key(finetuned_folder(cfg.run_dir)) is not None
 
     def check(self, ctx: RunContext) -> None:
         from rapids_attn.errors import JobConfigError

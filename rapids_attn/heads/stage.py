@@ -19,14 +19,13 @@ stored (``heads_scores``), so any interval or test can be recomputed from the st
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP
+from rapids_attn.heads.config import HeadsConfig
 from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
 from rapids_attn.stagekit import (
     MODEL_WORKER_MODULES,
@@ -48,12 +47,6 @@ class HeadsStageResult(StageResult):
 
     def to_dict(self) -> dict:
         return {**self.info, "seconds": round(self.seconds, 3)}
-
-
-def learn_key(attrs) -> str:
-    """Identifies the clustering the cluster sets came from (the learn stage's result)."""
-    learn = attrs.get(S.Attr.LEARN) or {}
-    return hashlib.sha256(json.dumps(learn, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def dominant_heads(cluster: np.ndarray, layers: list[int], heads: list[int], share: float) -> dict[int, list]:
@@ -94,6 +87,7 @@ class HeadsStage(Stage):
     runs_on_workers = True
     worker_modules = (*MODEL_WORKER_MODULES, "rapids_attn.heads.work")
     summarised = True  # the explain stage joins it to the clusters, as head_importance
+    settings = HeadsConfig
 
     @classmethod
     def report_section(cls) -> ReportSection:
@@ -101,25 +95,26 @@ class HeadsStage(Stage):
 
         return HeadsSection()
 
-    def __init__(self, heads, model, extract, runtime, finetune_task: str | None = None):
+    def __init__(self, heads, model, extract, runtime, made_earlier: bool = False):
         self.cfg = heads
         self.model_cfg = model
         self.extract_cfg = extract
         self.runtime_cfg = runtime
-        #: the job fine-tunes the model for this task first (finetune.enabled): until that folder exists, the
-        #: metric follows the task (qa: squad, classify: accuracy) and the model's head is checked when it runs
-        self.finetune_task = finetune_task
+        #: an earlier stage of the job makes the model (its :meth:`Stage.later_job` named it: the finetune stage's
+        #: folder): until it exists, its head is checked when this stage runs, and ``metric: auto`` is what that
+        #: stage's later job set (finetune: its task's metric)
+        self.made_earlier = made_earlier
         self.requires = (S.EXAMPLE_GROUP, *((S.CLUSTER,) if "cluster" in heads.sets else ()))
 
     @classmethod
     def from_job(cls, cfg) -> HeadsStage:
-        return cls(cfg.heads, cfg.model, cfg.extract, cfg.runtime, cfg.finetune.task if cfg.finetune.enabled else None)
+        return cls(cfg.heads, cfg.model, cfg.extract, cfg.runtime, cfg.model != cfg.as_written.model)
 
     def _pending(self) -> bool:
-        """The model is the fine-tune this run makes, not made yet."""
+        """The model is one an earlier stage makes (the fine-tune), not made yet."""
         from pathlib import Path
 
-        return self.finetune_task is not None and not Path(self.model_cfg.name).is_dir()
+        return self.made_earlier and not Path(self.model_cfg.name).is_dir()
 
     @classmethod
     def runs_by_default(cls, cfg) -> bool:
@@ -137,8 +132,6 @@ class HeadsStage(Stage):
 
         if self.cfg.metric != "auto":
             return self.cfg.metric
-        if self._pending():
-            return {"qa": "squad", "classify": "accuracy"}[self.finetune_task]
         return auto_metric(self._config(), ctx.data.format)
 
     def check(self, ctx: RunContext) -> None:
@@ -240,7 +233,7 @@ class HeadsStage(Stage):
         self._examples = ctx.data.read(pos)
         self._metric = self.metric_name(ctx)
         self._metric_obj = metric_for(self._metric)
-        if self.finetune_task is not None:  # the fine-tune made by this run: its head checked now that it exists
+        if self.made_earlier:  # a model an earlier stage made (the fine-tune): its head checked now that it exists
             self._metric_obj.check(self._config(), None, self.model_cfg.name, ctx.data.format)
         self._max_length = int(cfg.max_length or min(ctx.model.max_length, DEFAULT_MAX_LENGTH_CAP))  # eager: T^2 memory
         n_layers, n_heads = ctx.model.n_layers, ctx.model.n_heads
@@ -284,6 +277,8 @@ class HeadsStage(Stage):
                     keep[layer, head] = 0
                 names.append(f"cluster:{c}")
                 conditions.append(keep)
+            from rapids_attn.learn.storeio import learn_key
+
             info["learn_key"] = learn_key(g.attrs)
         scores = self._score(ctx, client, shards, conditions, means, "heads: ablation")
 

@@ -136,7 +136,10 @@ def fit_store(
     if worker is not None:
         args = (g.store, reduce, cluster, backend, seed, note)
         places = [worker, *(w for w in gpu_workers if w != worker)]
-        return client.submit(_fit_store_on_worker, *args, workers=places, pure=False).result()
+        log.info("fitting on a GPU worker (cuML, from the workers' memory pools)")
+        info = client.submit(_fit_store_on_worker, *args, workers=places, pure=False).result()
+        _log_result(info)
+        return info
     mark_complete(g, "learn", False)
     feats = g[S.FEATURES]
     e, nl, nh, d = feats.shape
@@ -154,16 +157,20 @@ def fit_store(
     if spread:
         from rapids_attn.learn.spread import SpreadFit
 
+        log.info("fitting on %d GPUs (cuml.dask): %s of %s maps", n_gpus, f"{len(idx):,}", f"{n_maps:,}")
         fit = SpreadFit(client, backend, feats.store, gpu_workers, seed, ids)
         try:  # the parts are held on the workers' GPUs until released, whatever happens
             fit.fit(feats, idx, reduce, cluster, timings)
             model, placement = fit.model, fit.placement
             t = time.perf_counter()
+            if cluster.stability_seeds:
+                log.info("seed stability: KMeans refitted with the next %d seed(s)", cluster.stability_seeds)
             stability = fit.stability(cluster.stability_seeds)
             if stability is not None:
                 timings["stability"] = time.perf_counter() - t
             k = int(model.pca_.n_components)
             output_arrays(g, e, nl, nh, rows, k)
+            log.info("assigning and writing all %s maps", f"{n_maps:,}")
             t2 = time.perf_counter()
             counts = fit.assign_all(e, rows)
             timings["assign"] = time.perf_counter() - t2
@@ -173,19 +180,26 @@ def fit_store(
         finally:
             fit.release()
     else:
+        some = f"all {n_maps:,}" if len(idx) == n_maps else f"{len(idx):,} of {n_maps:,}"
+        log.info(
+            "reading %s maps to fit on (%s)",
+            some,
+            {"sklearn": "scikit-learn", "cuml": "cuML"}.get(backend.name, backend.name),
+        )
         x_fit = read_sample(backend, feats, idx, rows)
         timings["read_sample"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        model = MapClusterer(reduce, cluster, seed, backend).fit(x_fit)
+        model = MapClusterer.from_config(reduce, cluster, seed, backend).fit(x_fit)
         stability = model.seed_stability()
         timings["fit"] = time.perf_counter() - t1
         timings.update(model.seconds_)
         k = int(getattr(model.pca_, "n_components_", None) or min(reduce.pca_components, d))
         outputs = output_arrays(g, e, nl, nh, rows, k)
+        log.info("assigning and writing all %s maps", f"{n_maps:,}")
         t2 = time.perf_counter()
-        for start, stop in blocks(e, rows):
-            x = backend.read(feats, slice(start, stop)).reshape(-1, d)
-            add_counts(counts, write_block(model, outputs, x, start, stop))
+        for lo, hi in blocks(e, rows):
+            x = backend.read(feats, slice(lo, hi)).reshape(-1, d)
+            add_counts(counts, write_block(model, outputs, x, lo, hi))
         timings["assign"] = time.perf_counter() - t2
         t3 = time.perf_counter()
         sil = backend.silhouette(model.embedding_, model.labels_, cluster.silhouette_sample, seed)
@@ -217,7 +231,16 @@ def fit_store(
     if placement is not None:
         info["fit_placement"] = placement
     mark_complete(g, "learn", True, info)
+    _log_result(info)
     return info
+
+
+def _log_result(info: dict) -> None:
+    """The fit's last progress line: its clusters (and noise) and silhouette (the stage's time follows it)."""
+    share, sil = info.get("noise_share"), info.get("silhouette")  # a fit on a GPU worker reports what it has
+    noise = f", {share:.0%} noise" if info.get("method", "kmeans") != "kmeans" and share is not None else ""
+    score = f", silhouette {sil:.3f}" if sil is not None else ""
+    log.info("%s cluster(s)%s%s", info.get("n_clusters", "?"), noise, score)
 
 
 def _spread_skipped(reduce, cluster, n_gpus: int, n_mig: int = 0) -> str:

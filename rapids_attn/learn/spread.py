@@ -19,6 +19,7 @@ GPU run").
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -30,6 +31,8 @@ from rapids_attn.learn.estimator import MapClusterer
 from rapids_attn.learn.kmeans_fits import sweep_k
 from rapids_attn.learn.storeio import add_counts, blocks, sample_maps, write_block
 from rapids_attn.store import schema as S
+
+log = logging.getLogger(__name__)
 
 
 def read_part(backend: LearnBackend, store, path: str, start: int, stop: int, local: np.ndarray | None):
@@ -85,6 +88,7 @@ class SpreadFit:
         x = da.concatenate([da.from_delayed(f, shape=(m, d), dtype=np.float32, meta=meta) for f, m in self.parts])
 
         t1 = time.perf_counter()
+        log.info("PCA to %d components", min(reduce.pca_components, d))
         pca = backend.dask_pca(client, min(reduce.pca_components, d))
         pca.fit(x)
         self.z = client.persist(pca.transform(x))  # the reduced sample, on the workers' GPUs
@@ -97,6 +101,7 @@ class SpreadFit:
         k = cluster.n_clusters if cluster.n_clusters != "auto" else sweep["best_silhouette_k"] or cluster.k_sweep[0]
         if sweep is not None:
             sweep["chosen"] = int(k)
+        log.info("KMeans with k %d%s", k, " (the k sweep's pick)" if cluster.n_clusters == "auto" else "")
         kmeans = backend.dask_kmeans(client, int(k), self.seed)
         kmeans.fit(self.z)
         t4 = time.perf_counter()
@@ -117,6 +122,7 @@ class SpreadFit:
         maps (at most ``cluster.sweep_sample``, the rows :func:`sweep_k` would draw) gathered from the parts and
         swept there, with each k's stability refit."""
         rows = sample_maps(int(self.z.shape[0]), cluster.sweep_sample, self.seed)
+        log.info("k sweep: KMeans for k %d to %d on %s maps, on one GPU worker", *cluster.k_sweep, f"{len(rows):,}")
         zs = self._gather(self.z, rows)
         args = (zs, cluster.k_sweep, cluster.sweep_sample, cluster.silhouette_sample, self.seed)
         fut = self.client.submit(

@@ -10,7 +10,7 @@ import contextlib
 import sys
 from dataclasses import dataclass, field
 
-from rapids_attn.stage import WORKER_STAGES, RunContext, Stage, StageResult
+from rapids_attn.stage import RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
 
 
@@ -124,12 +124,12 @@ class LearnStage(Stage):
         their GPU would start CUDA in each); a run that starts no workers leaves the job process the whole GPU."""
         if ctx.devices.learn is None or not ctx.devices.learn.gpu:
             return False
-        return self.cluster_kind == "scheduler" or (
-            self.cluster_kind == "local-cuda" and bool(WORKER_STAGES & set(ctx.stages))
-        )
+        on_workers = any(ctx.registry[s].runs_on_workers for s in ctx.stages if s in ctx.registry)
+        return self.cluster_kind == "scheduler" or (self.cluster_kind == "local-cuda" and on_workers)
 
     def run(self, ctx: RunContext, client=None) -> LearnResult:
         from rapids_attn.learn.fit import fit_store
+        from rapids_attn.learn.progress import stage_lines
         from rapids_attn.stagekit import open_for_run
         from rapids_attn.store.zarr_store import consolidate
 
@@ -141,7 +141,7 @@ class LearnStage(Stage):
 
             import_estimators()  # loaded first: threadpoolctl sets the pools of the libraries loaded
             threads = job_threadpools()
-        with threads:
+        with threads, stage_lines():  # a line per step of the fit on stderr
             info = fit_store(
                 g,
                 self.reduce_cfg,

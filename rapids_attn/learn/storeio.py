@@ -91,3 +91,14 @@ def output_arrays(g: zarr.Group, e: int, nl: int, nh: int, rows: int, k: int):
 
 
 #: a density clusterer leaving more than this share of the maps as noise gets a warning
+
+
+def learn_key(attrs) -> str:
+    """Identifies a clustering (the learn stage's result in the store's attributes ``attrs``): what a stage that
+    used it (the heads stage's cluster sets) records, so the report can tell when the store has been clustered
+    again since."""
+    import hashlib
+    import json
+
+    learn = attrs.get(S.Attr.LEARN) or {}
+    return hashlib.sha256(json.dumps(learn, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rapids_attn.extract.model import DEFAULT_MAX_LENGTH_CAP
+from rapids_attn.relevance.config import RelevanceConfig
 from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
 from rapids_attn.stagekit import (
     MODEL_WORKER_MODULES,
@@ -45,6 +46,7 @@ class RelevanceStage(Stage):
     runs_on_workers = True
     worker_modules = (*MODEL_WORKER_MODULES, "rapids_attn.relevance.work")
     summarised = True  # the explain stage reads it back from the store, as relevance
+    settings = RelevanceConfig
 
     @classmethod
     def report_section(cls) -> ReportSection:
@@ -84,7 +86,7 @@ class RelevanceStage(Stage):
                 f"relevance.pagerank_layer: {cfg.pagerank_layer} is outside the model's {n_layers} layers "
                 f"(0..{n_layers - 1}, or -1 for the last)"
             )
-        from rapids_attn.job import show
+        from rapids_attn.settings import show
 
         bad = [h for h in cfg.pagerank_heads or [] if not 0 <= h < n_heads]
         if bad:

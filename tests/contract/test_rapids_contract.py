@@ -83,7 +83,7 @@ def test_installed_rapids_is_the_release_the_image_and_the_gpu_extra_name():
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_single_gpu_estimator_constructs(method, umap):
     reduce, cluster = sections(method, umap)
-    model = MapClusterer(reduce, cluster, seed=7, backend=GPU)
+    model = MapClusterer.from_config(reduce, cluster, random_state=7, backend=GPU)
     pca, umap_ = model.reducers(DIM)  # PCA (and UMAP) as the fit builds them
     assert isinstance(pca, cuml.decomposition.PCA)
     assert pca.n_components == 16

@@ -24,7 +24,7 @@ def needs(module: str):
 
 def test_extraction_on_cuda_matches_cpu(tmp_path, tiny_bert_dir, pair_data):
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import preflight
 
     raw = make_job(tmp_path, tiny_bert_dir, pair_data, model={"dtype": "float32"})
@@ -137,7 +137,7 @@ def test_float16_model_agrees_with_float32(tmp_path, tiny_bert_dir, pair_data):
     """model.dtype float16 (the GPU default) against float32 on the same inputs, on the GPU: every
     per-map statistic within 2e-2 (absolute; stats are shares and normalised entropies in [0, 1])."""
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import preflight
 
     raw = make_job(tmp_path, tiny_bert_dir, pair_data, extract={"device": "cuda"})

@@ -161,7 +161,7 @@ def test_job_level_job_file_follows_the_protocol(tmp_path):
     """The job the job-level benchmark launches is the quickstart changed only where issue 13's
     protocol says: the sampled data, the default shard size, the report off."""
     from benchmarks.job_level import QUICKSTART, write_job
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     data = tmp_path / "squad.json"
     data.write_text("{}")

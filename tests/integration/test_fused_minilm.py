@@ -20,7 +20,9 @@ def test_minilm_on_squad_pairs_stores_the_same_arrays_with_either_kernel(tmp_pat
     from rapids_attn.extract.kernels import TritonKernel
     from rapids_attn.extract.shard import Extractor, ShardTask
     from rapids_attn.extract.signature import STAT_NAMES
-    from rapids_attn.job import JobConfig
+    from rapids_attn.registry import job_model
+
+    JobConfig = job_model()
     from rapids_attn.store.zarr_store import StoreLayout
 
     # three articles' questions, their contexts cut to three lengths under 128 tokens: ragged, so padding is in play

@@ -333,8 +333,9 @@ def test_script_job_files_load_and_pass_preflight(cpu_runs, tmp_path, data):
     """Each job the script runs, with its --set overrides, through the project's loader; then preflight (what
     ``--check`` runs) with extract on the CPU and a local cluster standing in for CUDA and dask-cuda. The script
     takes the SQuAD file where it finds one (sample: 192) and the packaged quickstart data where not (limit: 46)."""
-    from rapids_attn.job import load_job
-    from rapids_attn.pipeline import parse_stages, preflight
+    from rapids_attn.jobfile import load_job
+    from rapids_attn.pipeline import preflight
+    from rapids_attn.registry import parse_stages
     from rapids_attn.run import build_parser
 
     _, model_dir, _ = cpu_runs

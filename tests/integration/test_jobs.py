@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import REPO, SHARED_SQUAD
 
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 
 JOBS = sorted((REPO / "jobs").glob("*.yaml"))
 

@@ -14,7 +14,7 @@ from sklearn.metrics import adjusted_rand_score
 from rapids_attn.api import analyse_maps, cluster_features
 from rapids_attn.extract.maps import repeat_masks
 from rapids_attn.extract.signature import DETECTOR_NAMES, STAT_NAMES
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 
 

@@ -727,7 +727,7 @@ def test_the_base_of_a_fine_tune_may_be_listed_with_other_models(tmp_path, capsy
     compares it with its base, as an empty compare.models does, so it is accepted and labelled ``base``; another
     model, named twice, is not."""
     from rapids_attn.compare.stage import compared_models
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
     other = _copy_of(tiny_bert_dir, tmp_path / "other")

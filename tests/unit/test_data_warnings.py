@@ -7,7 +7,7 @@ import json
 
 from helpers import make_job
 
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import preflight, run_job
 
 

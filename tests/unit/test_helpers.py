@@ -1,6 +1,6 @@
 from helpers import make_job
 
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 
 

@@ -9,8 +9,8 @@ import pytest
 from helpers import REPO
 
 from rapids_attn.errors import JobConfigError
-from rapids_attn.job import JobConfig
 from rapids_attn.jobfile import builtin_presets, load_job, parse_override, preset_dirs
+from rapids_attn.registry import job_model
 
 
 def write(path: Path, text: str) -> Path:
@@ -197,7 +197,7 @@ def test_name_is_a_plain_file_name(tmp_path, name):
 def test_run_dir_uses_name(tmp_path):
     cfg = load_job(minimal(tmp_path, "name: demo\n"))
     assert cfg.run_dir == Path.cwd() / "runs" / "demo"  # absolute: workers elsewhere find it
-    assert isinstance(cfg, JobConfig)
+    assert isinstance(cfg, job_model())
 
 
 def test_batching_settings_do_not_change_the_store_key(tmp_path):
@@ -278,7 +278,7 @@ def test_every_true_false_field_is_strict():
     """Each field of the schema that takes true/false refuses a number, so a new one cannot slip through."""
     from pydantic import BaseModel, ValidationError
 
-    from rapids_attn.job import _is_bool_field
+    from rapids_attn.settings import _is_bool_field
 
     def fields(model):
         for name, f in model.model_fields.items():
@@ -287,7 +287,7 @@ def test_every_true_false_field_is_strict():
             elif _is_bool_field(f.annotation):
                 yield model, name
 
-    found = list(fields(JobConfig))
+    found = list(fields(job_model()))
     assert len(found) >= 4
     for model, name in found:
         with pytest.raises(ValidationError, match="must be true or false"):
@@ -320,24 +320,3 @@ def test_unreadable_preset_is_one_line(tmp_path):
     (tmp_path / "configs" / "bad.yaml").write_bytes(b"cluster: {method: \xe9}\n")
     with pytest.raises(JobConfigError, match=r"extends: preset 'bad': .*bad.yaml is not a UTF-8 text file"):
         load_job(minimal(tmp_path, "extends: [bad]\n"))
-
-
-def test_the_loaders_names_are_still_importable_from_the_schema_module():
-    """The loader moved to rapids_attn.jobfile; rapids_attn.job re-exports its public names on purpose (its importers,
-    the docs and users' scripts read them there), the loader's own objects, without an import cycle."""
-    import subprocess
-    import sys
-
-    from rapids_attn import job, jobfile
-
-    for name in job._JOBFILE_NAMES:
-        assert getattr(job, name) is getattr(jobfile, name), name
-    from rapids_attn.job import load_job as reexported
-
-    assert reexported is load_job
-    with pytest.raises(AttributeError):
-        job._expand_extends  # noqa: B018  (private names are the loader's own)
-    for first in ("rapids_attn.jobfile", "rapids_attn.job"):  # either module imported first, in a fresh process
-        code = f"import {first}; from rapids_attn.job import load_job, JobConfig; print(load_job.__module__)"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert r.stdout.strip() == "rapids_attn.jobfile"

@@ -9,7 +9,7 @@ import zarr
 from helpers import FULL_REPORT, make_job
 
 import rapids_attn.extract.shard as shard_mod
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 from rapids_attn.store.zarr_store import write_shard
 

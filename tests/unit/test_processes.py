@@ -10,6 +10,7 @@ from helpers import make_job
 from rapids_attn import processes
 from rapids_attn.errors import UserError
 from rapids_attn.job import ClusterConfig, ReduceConfig, RuntimeConfig
+from rapids_attn.registry import registered_stages
 
 
 def test_every_piece_is_on_unless_named(monkeypatch):
@@ -39,11 +40,13 @@ def test_a_name_that_is_no_piece_is_one_line_and_exit_2(monkeypatch, tmp_path, t
 def test_each_piece_off_is_what_it_names(monkeypatch):
     monkeypatch.setenv(processes.WITHOUT_ENV, "")
     local = RuntimeConfig(processes=True)
-    assert processes.worker_modules()[-1] == "rapids_attn._fork_ready"
+    assert processes.worker_modules(registered_stages().values())[-1] == "rapids_attn._fork_ready"
     assert "MALLOC_TRIM_THRESHOLD_" not in processes.worker_env()
 
     monkeypatch.setenv(processes.WITHOUT_ENV, "server-freeze,malloc-env,fork-server,quick-exit")
-    assert "rapids_attn._fork_ready" not in processes.worker_modules()  # the server neither freezes nor skips teardown
+    assert "rapids_attn._fork_ready" not in processes.worker_modules(
+        registered_stages().values()
+    )  # the server neither freezes nor skips teardown
     assert processes.worker_env()["MALLOC_TRIM_THRESHOLD_"] == "65536"  # distributed's own setting
     assert processes.start_worker_server(local) is False  # the workers are spawned
     assert processes.exit_without_teardown({"code": 0}) is None  # returns: the interpreter's own exit follows

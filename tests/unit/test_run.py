@@ -12,6 +12,11 @@ from helpers import make_job
 from rapids_attn.run import main
 
 
+def failure(err: str) -> str:
+    """What the CLI said on stderr, less the run's progress lines (``rapids_attn: preflight: ...``)."""
+    return "\n".join(line for line in err.strip().splitlines() if not line.startswith("rapids_attn: "))
+
+
 def job_file(tmp_path: Path, job: dict) -> Path:
     p = tmp_path / "job.yaml"
     p.write_text(yaml.safe_dump(job))
@@ -94,7 +99,7 @@ def test_check_counts_a_parquet_file_and_names_its_bad_row(tmp_path, capsys, tin
     rows[14]["id"] = ""
     pq.write_table(pa.Table.from_pylist(rows), data, row_group_size=6)
     assert main([str(job_file(tmp_path, job)), "--check"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = failure(capsys.readouterr().err)
     assert err.count("\n") == 0 and "row 14 of" in err and "pairs.parquet" in err and "'id'" in err
 
 
@@ -118,7 +123,7 @@ def test_stages_run_separately_then_explain_rebuilds(tmp_path, capsys, tiny_bert
 def test_a_run_that_creates_the_store_cannot_skip_a_stage_it_needs(tmp_path, capsys, tiny_bert_dir, pair_data):
     p = job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))
     assert main([str(p), "--stages", "extract,explain"]) == 2  # no store yet: learn's results cannot exist
-    err = capsys.readouterr().err.strip()
+    err = failure(capsys.readouterr().err)
     assert err.count("\n") == 0 and "holds no learn results yet; add learn to --stages" in err
     assert not (tmp_path / "run").exists()  # refused in preflight
     assert main([str(p)]) == 0
@@ -183,7 +188,7 @@ def test_verbose_adds_the_traceback_to_a_user_error(tmp_path, capsys, tiny_bert_
     assert main([str(p), "--check"]) == 2
     assert "Traceback" not in capsys.readouterr().err
     assert main([str(p), "--check", "-v"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = failure(capsys.readouterr().err)
     assert err.startswith("Traceback") and "JobConfigError" in err
     assert err.splitlines()[-1].startswith("error: extract.layers: [5] out of range")
 
@@ -270,7 +275,7 @@ def test_the_workers_server_starts_as_soon_as_the_job_is_read(
     from rapids_attn import pipeline, processes
 
     calls = []
-    monkeypatch.setattr(processes, "start_worker_server", lambda cfg: calls.append("server") or False)
+    monkeypatch.setattr(processes, "start_worker_server", lambda cfg, modules=None: calls.append("server") or False)
     monkeypatch.setattr(pipeline, "run_job", lambda *a, **k: calls.append("run_job") or {})
     assert main([str(job_file(tmp_path, make_job(tmp_path, tiny_bert_dir, pair_data))), *argv]) == 0
     want = [] if "--check" in argv else ["run_job"]

@@ -175,8 +175,9 @@ def test_a_rerun_that_changes_the_store_removes_the_stale_explain_outputs(capsys
 
 
 def test_stale_outputs_are_removed_only_from_a_marked_directory(tmp_path):
+    from rapids_attn.learn.stage import LearnStage
     from rapids_attn.rundir import remove_stale_outputs
 
     (tmp_path / "summary.json").write_text("{}")
-    assert remove_stale_outputs(tmp_path, ("learn",)) == []  # not marked: not ours to remove
+    assert remove_stale_outputs(tmp_path, (LearnStage,)) == []  # not marked: not ours to remove
     assert (tmp_path / "summary.json").is_file()

@@ -142,7 +142,7 @@ def test_the_worker_modules_exist():
     every worker its imports again."""
     import importlib.util
 
-    from rapids_attn.processes import worker_modules
+    from rapids_attn.registry import worker_modules
 
     for name in worker_modules():
         assert importlib.util.find_spec(name) is not None, name
@@ -151,11 +151,9 @@ def test_the_worker_modules_exist():
 def test_the_worker_modules_are_the_worker_stages_own():
     """The fork server's modules come from the registered stages that run on the workers (extract, heads,
     relevance, compare), in the registry's order, each once, between distributed and the freezing module."""
-    from rapids_attn.processes import worker_modules
-    from rapids_attn.stage import WORKER_STAGES, worker_stages
+    from rapids_attn.registry import worker_modules, worker_stages
 
-    assert worker_stages() == {"extract", "heads", "relevance", "compare"} == set(WORKER_STAGES)
-    assert WORKER_STAGES & {"learn", "heads"} == {"heads"} and "explain" not in WORKER_STAGES
+    assert worker_stages() == {"extract", "heads", "relevance", "compare"}
     assert worker_modules() == (
         "distributed",
         "torch",
@@ -179,14 +177,14 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
     from multiprocessing import forkserver
 
     import rapids_attn.processes as rt_mod
-    from rapids_attn.processes import worker_modules
+    from rapids_attn.registry import worker_modules
 
     modules = worker_modules()
 
     # the user's own value would win, and be the server's
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     forkserver._forkserver._stop()  # whatever an earlier test left running: a server of this test's start
-    rt_mod._server_env = rt_mod._server_pid = None
+    rt_mod._server_env = rt_mod._server_pid = rt_mod._server_modules = None
 
     def probe():
         with open(f"/proc/{os.getpid()}/environ") as f:
@@ -200,7 +198,9 @@ def test_local_workers_fork_from_a_server_that_imported_their_modules(monkeypatc
             gc.get_freeze_count(),
         )
 
-    rt = Runtime(RuntimeConfig(n_workers=2, processes=True, dashboard_address=":0"))
+    cfg = RuntimeConfig(n_workers=2, processes=True, dashboard_address=":0")
+    assert rt_mod.start_worker_server(cfg, modules)  # as run_job starts it, with the registry's modules
+    rt = Runtime(cfg)  # the cluster forks from the server that runs: its modules, not the bare default
     with rt as client:
         got = list(client.run(probe).values())
     assert rt.description["worker_start"] == "forkserver"

@@ -9,7 +9,7 @@ import json
 import yaml
 from helpers import FULL_REPORT, make_job, write_squad
 
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 
 FINETUNE = {

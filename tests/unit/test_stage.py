@@ -1,4 +1,4 @@
-"""The stage contract: a new stage is one class plus its entry in the one registry (``pipeline.STAGES``). Its
+"""The stage contract: a new stage is one class plus its entry in the one registry (:mod:`rapids_attn.registry`). Its
 check runs in preflight, its requirements are checked against the run and the store, the pipeline starts the
 cluster only for the stages that use it, and its typed result lands in summary.json. A stage that runs on the
 workers has its worker modules preloaded by their fork server, and one with a report section is reported by the
@@ -13,9 +13,9 @@ import pytest
 import zarr
 from helpers import make_job
 
-from rapids_attn import pipeline
+from rapids_attn import pipeline, registry
 from rapids_attn.errors import JobConfigError, StoreError
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.stage import ReportSection, RunContext, Stage, StageResult
 from rapids_attn.store import schema as S
 
@@ -69,16 +69,16 @@ class WorkersStage(CountStage):
 
 
 @pytest.fixture
-def with_stages(monkeypatch):
-    stages = dict(pipeline.STAGES, count=CountStage, on_workers=WorkersStage)
-    monkeypatch.setattr(pipeline, "STAGES", stages)
+def with_stages():
     CountStage.calls = []
-    return stages
+    with registry.registered(CountStage, WorkersStage):
+        yield registry.registered_stages()
+    assert "count" not in registry.registered_stages()
 
 
 def test_a_new_stage_runs_after_the_others_and_reports(tmp_path, tiny_bert_dir, pair_data, with_stages):
     cfg = load_job(None, raw=make_job(tmp_path, tiny_bert_dir, pair_data))
-    summary = pipeline.run_job(cfg, pipeline.parse_stages("extract,learn,explain,count"))
+    summary = pipeline.run_job(cfg, registry.parse_stages("extract,learn,explain,count"))
     assert CountStage.calls[0] == ("check", 20)  # preflight, before anything ran
     assert CountStage.calls[1] == ("run", None)  # no cluster for a stage that does not use it
     counts = summary["count"]["maps_per_cluster"]
@@ -205,30 +205,27 @@ def with_tally(monkeypatch):
 
     import rapids_attn.processes as rt_mod
 
-    stages = {n: s for n, s in pipeline.STAGES.items() if n != "explain"}
-    stages.update(tally=TallyStage, explain=pipeline.STAGES["explain"])
-    monkeypatch.setattr(pipeline, "STAGES", stages)
     TallyStage.seen = []
     rt_mod.stop_worker_server()
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
         forkserver._forkserver._stop()  # whatever an earlier test left running: a server of this test's start
     monkeypatch.setattr(rt_mod, "_server_env", None)
     monkeypatch.setattr(rt_mod, "_server_pid", None)
-    yield stages
+    with registry.registered(TallyStage, before="explain"):
+        yield registry.registered_stages()
     rt_mod.stop_worker_server()  # later tests start one with the real stages' modules
 
 
 def test_a_stage_registered_once_runs_on_the_workers_and_is_reported(tmp_path, tiny_bert_dir, pair_data, with_tally):
     from multiprocessing import forkserver
 
-    from rapids_attn.processes import worker_modules
-    from rapids_attn.stage import WORKER_STAGES
+    from rapids_attn.registry import worker_modules, worker_stages
 
-    assert "tally" in WORKER_STAGES and worker_modules()[-2:] == (TOY_MODULE, "rapids_attn._fork_ready")
+    assert "tally" in worker_stages() and worker_modules()[-2:] == (TOY_MODULE, "rapids_attn._fork_ready")
     raw = make_job(tmp_path, tiny_bert_dir, pair_data, explain={"report": True})
     raw["runtime"]["processes"] = True  # worker processes, forked from the fork server
     cfg = load_job(None, raw=raw)
-    assert pipeline.default_stages(cfg) == ("extract", "learn", "tally", "explain")
+    assert registry.default_stages(cfg) == ("extract", "learn", "tally", "explain")
     summary = pipeline.run_job(cfg, ("extract", "learn", "tally", "explain"))
 
     [(preloaded, parent)] = TallyStage.seen
@@ -254,9 +251,9 @@ def test_the_registry_is_read_without_torch():
 
     code = (
         "import sys\n"
-        "from rapids_attn.processes import worker_modules\n"
-        "from rapids_attn.stage import WORKER_STAGES\n"
-        "assert 'extract' in WORKER_STAGES and worker_modules()\n"
+        "from rapids_attn.registry import worker_modules\n"
+        "from rapids_attn.registry import worker_stages\n"
+        "assert 'extract' in worker_stages() and worker_modules()\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -261,7 +261,12 @@ def extractor(model_dir: str, attention: str, base: str, tmp: Path, token_budget
         from rapids_attn.extract.signature import STAT_NAMES
     except ImportError:  # a tree from before the signature's names had their own module (issue 36)
         from rapids_attn.extract.maps import STAT_NAMES
-    from rapids_attn.job import JobConfig
+    try:
+        from rapids_attn.registry import job_model  # a tree with stages that own their sections (issue 48)
+
+        JobConfig = job_model()
+    except ImportError:
+        from rapids_attn.job import JobConfig
     from rapids_attn.store.zarr_store import StoreLayout
 
     data = tmp / "d.jsonl"

@@ -10,7 +10,7 @@ import zarr
 from helpers import FULL_REPORT, make_job, write_squad
 
 from rapids_attn.explain.heads import stored_result
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 from rapids_attn.store import schema as S
 

@@ -12,7 +12,7 @@ from helpers import make_job
 from rapids_attn.data import build_index
 from rapids_attn.data.fingerprint import content_fingerprint
 from rapids_attn.errors import DataError, StoreError
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import preflight, run_job
 
 

@@ -39,7 +39,7 @@ def test_the_job_schema_takes_its_format_values_from_the_registry():
 
 
 def test_a_bad_format_in_a_job_names_the_field_and_every_value(tmp_path):
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     job = tmp_path / "job.yaml"
     job.write_text(f"data:\n  path: {tmp_path}/a.jsonl\nmodel:\n  name: minilm-l6\n")

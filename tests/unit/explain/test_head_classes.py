@@ -9,7 +9,7 @@ import zarr
 from helpers import make_job, write_jsonl
 
 from rapids_attn.explain.head_classes import classify, head_scores, short_windows_warning
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 
 T = {"sink": 0.3, "streaming": 0.9, "retrieval": 0.1}

@@ -104,7 +104,9 @@ def test_attention_modules_found_in_layer_order(tiny_gpt2_dir):
 
 def make_extractor(tmp_path, model_dir):
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import JobConfig
+    from rapids_attn.registry import job_model
+
+    JobConfig = job_model()
 
     data = write_jsonl(
         tmp_path / "d.jsonl", [{"id": "a", "question": "q", "context": "c", "topic": "t", "answerable": True}]

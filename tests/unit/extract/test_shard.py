@@ -37,7 +37,9 @@ def extractor(request, tmp_path_factory):
     attention, whose ``output_attentions`` maps the tests compare against."""
     from rapids_attn.extract.model import load_model
     from rapids_attn.extract.shard import Extractor, ShardTask
-    from rapids_attn.job import JobConfig
+    from rapids_attn.registry import job_model
+
+    JobConfig = job_model()
 
     model_name, attention = request.param
     model_dir = request.getfixturevalue(model_name)
@@ -158,12 +160,13 @@ def test_windows_give_the_band_of_each_windows_own_maps(extractor, ids, small_bl
     maps of the [n, n] matrix holding, for each row, the row its owning window's own forward gives (eager,
     output_attentions), at that window's key positions; the normalised entropy divides by log(keys the row saw
     in its window). With 3-row blocks, a causal block holds fewer keys than its window."""
-    from rapids_attn.extract import blocked
+    from rapids_attn.extract import blocks, maps
     from rapids_attn.extract.maps import LayerReducer
     from rapids_attn.extract.windows import plan_windows, template_ends
 
     if small_blocks:
-        monkeypatch.setattr(blocked, "block_rows", lambda *_: 3)
+        for module in (blocks, maps):  # the blocked path's and the reducer's own blocks
+            monkeypatch.setattr(module, "block_rows", lambda *_: 3)
 
     x = max(ids, key=len)
     n, width, overlap = len(x), 16, 4

@@ -70,7 +70,9 @@ def test_the_held_out_index_reads_only_held_out_groups_then_samples_them(tmp_pat
     from helpers import pair_rows, write_jsonl
 
     from rapids_attn.finetune.split import held_out_index, job_split
-    from rapids_attn.job import JobConfig
+    from rapids_attn.registry import job_model
+
+    JobConfig = job_model()
 
     rows = pair_rows(30)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
@@ -99,7 +101,7 @@ def test_answerable_training_and_a_held_back_threshold_sample(tmp_path, tiny_ber
     from helpers import make_job, write_squad
 
     from rapids_attn.finetune.split import job_split
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     raw = make_job(tmp_path, tiny_bert_dir, write_squad(tmp_path / "squad.json"))
     raw["data"] = {"path": str(tmp_path / "squad.json")}
@@ -134,7 +136,7 @@ def test_control_and_recipe_settings_that_cannot_work_are_refused(tmp_path, tiny
     from helpers import make_job
 
     from rapids_attn.errors import JobConfigError
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
 
     raw = make_job(tmp_path, tiny_bert_dir, tmp_path / "x.jsonl", finetune={"enabled": True, **finetune})
     with pytest.raises(JobConfigError, match=message):

@@ -49,7 +49,7 @@ def hf_stderr(capfd, monkeypatch):
 def test_a_fine_tune_prints_one_line_about_its_new_head_not_the_load_report(tmp_path, tiny_bert_dir, capfd, hf_stderr):
     from transformers import AutoModelForQuestionAnswering
 
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import run_job
 
     # what transformers prints on its own for the tiny BERT with a new QA head (so this test sees stderr at all)

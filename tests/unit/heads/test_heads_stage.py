@@ -9,8 +9,9 @@ import pytest
 import zarr
 from helpers import make_job
 
-from rapids_attn.job import load_job
-from rapids_attn.pipeline import default_stages, parse_stages, run_job
+from rapids_attn.jobfile import load_job
+from rapids_attn.pipeline import run_job
+from rapids_attn.registry import default_stages, parse_stages
 
 HEADS = {
     "enabled": True,

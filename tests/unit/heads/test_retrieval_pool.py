@@ -8,7 +8,7 @@ import zarr
 from helpers import make_job, write_squad
 
 from rapids_attn.explain.heads import stored_result
-from rapids_attn.job import load_job
+from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 from tools.retrieval_pool import main
 

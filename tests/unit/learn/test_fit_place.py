@@ -49,7 +49,11 @@ def test_a_gpu_fit_goes_to_a_gpu_worker():
 def test_the_learn_stage_keeps_the_workers_for_a_gpu_fit(kind, stages, gpu, uses):
     reduce, cluster = learn_sections(**{"cluster.k_sweep": None, "cluster.stability_seeds": 0})
     backend = LearnBackend("cuml", "test") if gpu else LearnBackend("sklearn", "test")
-    ctx = SimpleNamespace(stages=stages, devices=SimpleNamespace(learn=backend, multi_gpu_learn=False))
+    from rapids_attn.registry import registered_stages
+
+    ctx = SimpleNamespace(
+        stages=stages, registry=registered_stages(), devices=SimpleNamespace(learn=backend, multi_gpu_learn=False)
+    )
     assert LearnStage(reduce, cluster, cluster_kind=kind).uses_cluster(ctx) is uses
 
 
@@ -103,7 +107,8 @@ def test_a_job_with_heads_and_relevance_fits_on_a_worker_while_the_cluster_is_up
     cluster starts once, the fit runs on a worker of it (not in the job process beside the workers' pools), the
     heads and relevance stages run on the same workers, and the cluster closes after the last of them."""
     from rapids_attn import pipeline
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
+    from rapids_attn.registry import registered_stages
     from rapids_attn.runtime import Runtime
 
     events = []
@@ -124,8 +129,7 @@ def test_a_job_with_heads_and_relevance_fits_on_a_worker_while_the_cluster_is_up
         events.append("fit placed on a worker")
         return worker
 
-    for name in pipeline.STAGES:
-        cls = pipeline.STAGES[name]
+    for name, cls in registered_stages().items():
         run = cls.run
 
         def traced(self, ctx, client=None, _run=run, _name=name):

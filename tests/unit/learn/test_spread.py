@@ -232,10 +232,12 @@ def test_the_learn_stage_takes_workers_only_for_a_gpu_fit(overrides, stages, gpu
     from types import SimpleNamespace
 
     from rapids_attn.learn.stage import LearnStage
+    from rapids_attn.registry import registered_stages
 
     reduce, cluster = learn_sections(**overrides)
     ctx = SimpleNamespace(
         stages=stages,
+        registry=registered_stages(),
         devices=SimpleNamespace(learn=LearnBackend("cuml" if gpu else "sklearn", "test"), multi_gpu_learn=False),
     )
     assert LearnStage(reduce, cluster, cluster_kind="local-cuda" if gpu else "local").uses_cluster(ctx) is uses

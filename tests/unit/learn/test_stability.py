@@ -168,7 +168,7 @@ def test_the_learn_stage_fits_under_the_users_threads(tmp_path, monkeypatch, tin
     from threadpoolctl import threadpool_limits
 
     from rapids_attn import runtime
-    from rapids_attn.job import load_job
+    from rapids_attn.jobfile import load_job
     from rapids_attn.pipeline import run_job
 
     monkeypatch.setattr(runtime, "_USER_THREAD_ENV", {})  # the user set nothing: one thread per CPU

@@ -8,8 +8,9 @@ import torch
 import zarr
 from helpers import FULL_REPORT, make_job
 
-from rapids_attn.job import load_job
-from rapids_attn.pipeline import _index_data, default_stages, parse_stages, run_job
+from rapids_attn.jobfile import load_job
+from rapids_attn.pipeline import _index_data, run_job
+from rapids_attn.registry import default_stages, parse_stages
 from rapids_attn.relevance import methods as M
 from rapids_attn.relevance.work import SECOND, SPECIAL
 
