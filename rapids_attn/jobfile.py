@@ -318,12 +318,17 @@ def _anchor_data_path(preset: dict, path: Traversable, name: str) -> None:
 
     A preset that names data ships with it (``data/quickstart`` points into the package), so its
     path must not depend on where the job that extends it lives or where it is run from. A job's own
-    relative ``data.path`` is still resolved against the job file, in :func:`load_job`."""
+    relative ``data.path`` is still resolved against the job file, in :func:`load_job`. A hub dataset id
+    (``owner/name``) with nothing of its name beside the preset stays an id."""
+    from rapids_attn.data.hub import hub_id
+
     data = preset.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("path"), str):
         return
     p = Path(data["path"]).expanduser()
     if p.is_absolute():
+        return
+    if hub_id(p) is not None and not (isinstance(path, Path) and (path.parent / p).exists()):
         return
     if not isinstance(path, Path):  # e.g. a package imported from a zip file: no folder on disk
         raise JobConfigError(

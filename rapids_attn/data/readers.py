@@ -34,6 +34,7 @@ from rapids_attn.data.fields import FieldSpec, check_length
 from rapids_attn.data.fingerprint import changed_while_reading
 from rapids_attn.data.fingerprint import stamp as data_stamp
 from rapids_attn.data.formats import FORMATS, REGISTRY, SUFFIX_FORMATS, Format, folder_formats
+from rapids_attn.data.hub import hub_id, open_hub
 from rapids_attn.data.index import (
     CHECKPOINT_EVERY,
     DataIndex,
@@ -65,6 +66,10 @@ def build_index(
     collect: list[Example] | None = None,
     checkpoint_every: int = CHECKPOINT_EVERY,
     squad_unit: str = "question",
+    *,
+    config: str | None = None,
+    split: str | None = None,
+    revision: str | None = None,
 ) -> DataIndex:
     """Index ``path``: validate and count every record, check ids are unique, apply ``sample`` and ``limit``.
 
@@ -81,10 +86,27 @@ def build_index(
     collect:     a list that receives every record's Example when the pass builds them anyway (all
                  formats but Parquet): :func:`read_examples` reads the file once that way.
     checkpoint_every: records between the seek points kept for line-based files.
+    config, split, revision: a hub dataset id's configuration, split and revision (:mod:`rapids_attn.data.hub`).
+
+    A ``path`` that is no file or folder but reads as a hub dataset id (``owner/name``, ``owner/name:config``)
+    is loaded with ``datasets.load_dataset`` (:mod:`rapids_attn.data.hub`).
     """
     path = Path(path)
+    hub = {"config": config, "split": split, "revision": revision}
     if not path.exists():
-        raise DataError(f"data.path: no such file or directory: {path}; set data.path to an existing file")
+        if hub_id(path) is not None:
+            named = (text_fields, id_field, group_field, label_field)
+            return _hub_index(path, format, named, (limit, sample, seed), collect, squad_unit, hub)
+        raise DataError(
+            f"data.path: no such file or directory: {path}; set data.path to an existing file, or to a hub dataset id "
+            "(owner/name)"
+        )
+    for name, value in hub.items():
+        if value is not None:
+            raise DataError(
+                f"data.{name}: applies to a hub dataset id in data.path, and {path} is a local file or folder; leave "
+                f"data.{name} out"
+            )
     if not (path.is_file() or path.is_dir()):  # a pipe would block the pass, a device never end it
         raise DataError(
             f"data.path: {path} is not a regular file or folder (a pipe, device or socket); write the data to a file "
@@ -159,6 +181,39 @@ def build_index(
     return dataclasses.replace(index, records=select_positions(n, limit=limit, sample=sample, seed=seed))
 
 
+def _hub_index(
+    path: Path, format: str, named: tuple, selection: tuple, collect, squad_unit: str, hub: dict
+) -> DataIndex:
+    """:func:`build_index` for a hub dataset id (:mod:`rapids_attn.data.hub`): SQuAD-shaped or read by fields.
+    ``named``: (text_fields, id_field, group_field, label_field); ``selection``: (limit, sample, seed); ``hub``: the
+    config, split and revision."""
+    limit, sample, seed = selection
+    if format not in ("auto", "squad", "hf"):
+        raise DataError(
+            f"data.format: {format!r} reads a local file, and {path} is a hub dataset id; set data.format to auto, "
+            "squad (a SQuAD-shaped dataset) or hf (read by data.text_fields)"
+        )
+    if squad_unit != "question":
+        raise DataError(
+            f"data.squad_unit: {squad_unit!r} applies to SQuAD JSON files only, and {path} is a hub dataset id; leave "
+            "squad_unit out"
+        )
+    select_positions(0, limit=limit, sample=sample)  # the settings' own checks, before the download
+    spec = None if all(v is None for v in named) else FieldSpec.make(*named)
+    source, fmt, digest, groups = open_hub(str(path), format, spec, **hub, log=logger)
+    no_text: list[int] = []
+    n, _, hashes = scan(source, path, CHECKPOINT_EVERY, collect, no_text)
+    _empty(n, path)
+    index = DataIndex(
+        path, fmt, source, n, range(n), pairs=source.pairs, fingerprint=digest, empty_records=tuple(no_text)
+    )
+    check_unique(index, hashes)
+    del hashes
+    keep = select_positions(n, limit=limit, sample=sample, seed=seed)
+    warn = None if sample is not None or not groups else prefix_warning(groups, len(keep), "questions")
+    return dataclasses.replace(index, records=keep, warnings=(warn,) if warn else ())
+
+
 def index_for(d, whole: bool = False) -> DataIndex:
     """:func:`build_index` for a job's ``data`` section (:class:`rapids_attn.job.DataConfig`); ``whole``: every
     record of the file, its ``sample`` and ``limit`` left out (the fine-tune's split is made on the whole file)."""
@@ -173,6 +228,9 @@ def index_for(d, whole: bool = False) -> DataIndex:
         sample=None if whole else d.sample,
         seed=d.seed,
         squad_unit=d.squad_unit,
+        config=d.config,
+        split=d.split,
+        revision=d.revision,
     )
 
 
@@ -195,13 +253,17 @@ def read_examples(
     limit: int | None = None,
     sample: int | None = None,
     seed: int = 0,
+    **hub: str | None,
 ) -> list[Example]:
-    """Every selected example of ``path`` as a list, in file order (arguments as :func:`build_index`).
+    """Every selected example of ``path`` as a list, in file order (arguments as :func:`build_index`; ``hub``: its
+    ``config``, ``split`` and ``revision``).
 
     Holds the whole dataset in memory: for tests, tools and small data. A job's driver keeps only the
     index, and its workers read their own rows."""
     every: list[Example] = []
-    index = build_index(path, format, text_fields, id_field, group_field, label_field, limit, sample, seed, every)
+    index = build_index(
+        path, format, text_fields, id_field, group_field, label_field, limit, sample, seed, every, **hub
+    )
     if index.source is None:  # SQuAD: read whole, already selected
         return list(index.inline)
     if len(every) == index.n_records:  # the pass built them all: no second read

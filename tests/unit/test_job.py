@@ -129,6 +129,19 @@ def test_local_preset_wins_over_builtin_and_is_found_in_a_parent_folder(tmp_path
     assert preset_dirs(job)[0] == tmp_path / "configs"
 
 
+def test_a_presets_hub_dataset_id_stays_an_id_and_its_relative_file_is_anchored(tmp_path):
+    """A preset's relative data.path is the preset's own file (anchored to its folder), unless it reads as a hub
+    dataset id with nothing of that name beside the preset: then it stays the id."""
+    (tmp_path / "configs" / "data").mkdir(parents=True)
+    write(tmp_path / "configs" / "data" / "hub.yaml", "data:\n  path: rajpurkar/squad_v2\n  split: validation\n")
+    write(tmp_path / "configs" / "data" / "local.yaml", "data:\n  path: qs.txt\n")
+    write(tmp_path / "configs" / "data" / "qs.txt", "x\n")
+    job = write(tmp_path / "job.yaml", "extends: [data/hub, models/minilm-l6]\n")
+    assert str(load_job(job).data.path) == "rajpurkar/squad_v2"
+    job = write(tmp_path / "job.yaml", "extends: [data/local, models/minilm-l6]\n")
+    assert load_job(job).data.path == (tmp_path / "configs" / "data" / "qs.txt").resolve()
+
+
 def test_preset_name_must_not_climb_out_of_the_presets(tmp_path):
     with pytest.raises(JobConfigError, match=r"extends: '\.\./models/gpt2' is not a preset name"):
         load_job(minimal(tmp_path, "extends: [../models/gpt2]\n"))
