@@ -222,7 +222,7 @@ class StoreConfig(Section):
 
 class HeadClassThresholds(Section):
     """explain.head_classes: the score a head's dataset mean must reach for each class
-    (rapids_attn/explain/head_classes.py; README, "Head classes")."""
+    (rapids_attn/explain/head_classes.py; docs/stages.md, "Head classes for long contexts")."""
 
     #: mass on the first token (Gu et al. 2025's epsilon).
     sink: float = Field(0.3, gt=0, le=1)

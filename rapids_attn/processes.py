@@ -4,8 +4,8 @@ A CPU job is short (the quickstart runs in about 45 s on two cores) and its proc
 large share of it; a GPU job's workers are dask-cuda's, started by spawn, and of these pieces only the allocator
 setting reaches them. Each piece was measured in the whole job and is kept because it pays:
 ``python -m benchmarks.processes`` runs the quickstart job and the 500-question job with every piece on and with
-each one off alone, alternating, two runs each, and prints the wall clock from launch to exit (docs/benchmarks.md,
-"Process machinery, piece by piece", 2026-11-27 on this project's 2-core machine). A piece is turned off by name
+each one off alone, alternating, two runs each, and prints the wall clock from launch to exit
+(docs/decisions/2026-11-27-process-machinery.md, 2026-11-27 on this project's 2-core machine). A piece is turned off by name
 (``RAPIDS_ATTN_WITHOUT=fork-server,quick-exit``), for that measurement and for diagnosis; the outputs are the
 same either way.
 
@@ -89,8 +89,7 @@ def worker_allocator_env():
     ``distributed.nanny.pre-spawn-environ``). Setting any of glibc's thresholds turns off its dynamic mmap
     threshold: every allocation over 128 KiB is then a fresh ``mmap`` whose pages fault in on first touch and
     go back on free. The capture allocates blocks of scores of tens of MiB per layer, so a worker ran the
-    same forward about 20% slower than a plain process (docs/benchmarks.md, "The whole job against the bare
-    forward"). The worker gives its free heap back after each batch itself (``shard.trim_heap``), which is
+    same forward about 20% slower than a plain process (docs/decisions/2026-11-26-forward-ratio.md). The worker gives its free heap back after each batch itself (``shard.trim_heap``), which is
     what the setting was for. A value the user exported still wins: distributed prefers the environment."""
     import dask
 

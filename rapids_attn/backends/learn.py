@@ -19,7 +19,7 @@ from rapids_attn.errors import BackendUnavailableError
 
 #: KMeans restarts; the best of them (lowest inertia) is kept, on both backends. With 4 the quickstart's
 #: clusters moved with the seed (ARI 0.51 between seeds); 10 keeps them at ARI >= 0.96 for 60% more
-#: time per fit (docs/benchmarks.md, "Cluster stability")
+#: time per fit (docs/benchmarks.md, the cluster stability row)
 KMEANS_N_INIT = 10
 
 

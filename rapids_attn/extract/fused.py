@@ -191,7 +191,7 @@ def fused_layer(
     ``sinks`` [head] sink logits or None. Returns the layer's :class:`LayerSums` and the output [batch, q_len, head,
     d_v] in ``q``'s dtype (transformers' layout), or None without ``v``. ``num_warps`` 8: compiled for Hopper
     (sm_90a) with tiles of 64 x 64, the kernel needs 255 registers a thread; with 4 warps it spilled 3.4 KB a thread,
-    with 8 at most 0.7 KB (docs/benchmarks.md, "The fused kernel"). ``memo``: the capture's dict for one forward,
+    with 8 at most 0.7 KB (docs/decisions/2026-11-29-capture-kernels.md). ``memo``: the capture's dict for one forward,
     where what the launcher reads off the mask (:func:`keys_only`, :func:`upper_hidden`) is kept for the next layers."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")

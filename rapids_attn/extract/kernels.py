@@ -17,7 +17,7 @@ Registered kernels (:data:`KERNELS`, ``extract.kernel``):
   (``auto``); on the CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``), for checking.
 
 A new kernel is a class with ``name``, ``unsupported`` and ``run`` added to :data:`KERNELS`
-(docs/architecture.md, "The capture's kernels").
+(docs/decisions/2026-11-29-capture-kernels.md).
 """
 
 from __future__ import annotations

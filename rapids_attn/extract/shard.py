@@ -379,7 +379,7 @@ def trim_heap() -> None:
     Batches allocate tensors of every size (crops and stats temporaries up to 12 x 512^2 floats);
     glibc serves the middle sizes from its heap (its mmap threshold rises as big blocks are freed)
     and keeps the freed pages, so without this a worker's peak RSS crept up with the number of
-    batches it had run (docs/benchmarks.md, "Memory"). Called after each batch; it costs
+    batches it had run (docs/decisions/2026-11-24-long-context-memory.md). Called after each batch; it costs
     milliseconds against a batch's tenths of a second.
     """
     global _MALLOC_TRIM

@@ -60,7 +60,7 @@ DETECTOR_NAMES = (
     "retrieval",  # induction mass at least RECENT_WINDOW tokens back, over the rows that have such a target
 )
 
-#: The long-context head classes' geometry (docs/architecture.md, "Head classes"). A streaming head
+#: The long-context head classes' geometry (docs/stages.md, "Head classes for long contexts"). A streaming head
 #: (Xiao et al. 2024, StreamingLLM and DuoAttention) attends to the first SINK_TOKENS tokens and the last
 #: RECENT_WINDOW; its ``streaming`` score is the mass there, averaged over the rows that can see any token
 #: outside both (NaN where no row can: a short input). A retrieval head (Wu et al. 2024) copies from far

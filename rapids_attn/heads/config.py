@@ -34,7 +34,7 @@ class ProbingConfig(Section):
 
 
 class HeadsConfig(Section):
-    """Which heads matter (the ``heads`` stage; docs/architecture.md, "Head importance")."""
+    """Which heads matter (the ``heads`` stage; docs/stages.md, "Which heads matter")."""
 
     #: run the stage by default (it always runs when --stages names it).
     enabled: bool = False

@@ -76,7 +76,7 @@ class ClusterConfig(Section):
     k_sweep: list[int] | None = Field(default_factory=lambda: [2, 16], min_length=2, max_length=2)
     #: maps drawn from the fit sample for the sweep. As many as the silhouette scores by default: on 500 SQuAD
     #: questions (36,000 maps) 5,000 and 20,000 picked the same k with curves within one seed's spread, at a
-    #: third of the time (docs/benchmarks.md, "The whole job against the bare forward").
+    #: third of the time (docs/decisions/2026-11-26-forward-ratio.md).
     sweep_sample: int = Field(5000, gt=0)
     eps: float = Field(0.5, gt=0)
     min_samples: int = Field(5, ge=1)

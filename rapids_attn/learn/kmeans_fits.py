@@ -2,8 +2,8 @@
 refits of the fit sample, run here, one after another (:func:`kmeans_fit`).
 
 Until issue 36 a CPU cluster's workers ran them at once, beside the final fit here; measured in the whole job, side
-by side, that saved nothing (``python -m benchmarks.processes``; docs/benchmarks.md, "Process machinery, piece by
-piece"), so it was removed. A multi-GPU fit runs its refits with cuml.dask instead (:mod:`rapids_attn.learn.spread`).
+by side, that saved nothing (``python -m benchmarks.processes``; docs/decisions/2026-11-27-process-machinery.md),
+so it was removed. A multi-GPU fit runs its refits with cuml.dask instead (:mod:`rapids_attn.learn.spread`).
 """
 
 from __future__ import annotations

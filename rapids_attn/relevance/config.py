@@ -11,8 +11,8 @@ from rapids_attn.settings import Section
 
 
 class RelevanceConfig(Section):
-    """Where information flows and how heads relate (the ``relevance`` stage; docs/architecture.md,
-    "Relevance and the head atlas")."""
+    """Where information flows and how heads relate (the ``relevance`` stage; docs/stages.md,
+    "Where information flows")."""
 
     #: run the stage by default (it always runs when --stages names it).
     enabled: bool = False
