@@ -38,11 +38,10 @@ _HOW = {
 }
 
 
-def stage_jobs(cfg: JobConfig) -> dict[str, JobConfig]:
-    """The job each registered stage is built from, by name: the job as written, changed by every earlier stage's
-    :meth:`~rapids_attn.stage.Stage.later_job` in the registry's order (whether or not this run runs that stage), so
-    a stage after finetune analyses the fine-tuned model. Each changed job keeps the job as written
-    (``as_written``)."""
+def _later_jobs(cfg: JobConfig) -> tuple[dict[str, JobConfig], JobConfig]:
+    """(the job each registered stage is built from, by name; the job after them all): the job as written, changed
+    by every stage's :meth:`~rapids_attn.stage.Stage.later_job` in the registry's order. Each changed job keeps the
+    job as written (``as_written``)."""
     out: dict[str, JobConfig] = {}
     job = cfg
     for name, st in registered_stages().items():
@@ -51,18 +50,20 @@ def stage_jobs(cfg: JobConfig) -> dict[str, JobConfig]:
         if later is not job:
             later._as_written = cfg.as_written
         job = later
-    return out
+    return out, job
+
+
+def stage_jobs(cfg: JobConfig) -> dict[str, JobConfig]:
+    """The job each registered stage is built from, by name: the job as written, changed by every earlier stage's
+    :meth:`~rapids_attn.stage.Stage.later_job` (whether or not this run runs that stage), so a stage after finetune
+    analyses the fine-tuned model."""
+    return _later_jobs(cfg)[0]
 
 
 def _analysed_job(cfg: JobConfig) -> JobConfig:
     """The job after every registered stage's :meth:`~rapids_attn.stage.Stage.later_job`: the model the run's
     store describes."""
-    jobs = stage_jobs(cfg)
-    name, st = list(registered_stages().items())[-1]
-    later = st.later_job(jobs[name])
-    if later is not jobs[name]:
-        later._as_written = cfg.as_written
-    return later
+    return _later_jobs(cfg)[1]
 
 
 def _index_data(cfg: JobConfig):
