@@ -3,9 +3,8 @@
 Each stage is a :class:`rapids_attn.stage.Stage` subclass in its own package (``rapids_attn/<name>/stage.py``); this
 module lists them once, in run order (finetune, extract, learn, heads, relevance, compare, explain), and everything
 that needs a list of stages reads it from here: the pipeline (:func:`default_stages`, :func:`parse_stages`, the
-order it builds and runs them in), the CLI's ``--stages`` help (:func:`stages_help`), the runtime (which stages run
-on the workers, :func:`worker_stages`, and what those import), the explain stage (which results its summary carries,
-which sections its report has), the run directory (which stages change the store) and the job's schema: each
+order it builds and runs them in), the CLI's ``--stages`` help (:func:`stages_help`), the local workers' fork server
+(:func:`worker_stages`, :func:`worker_modules`: what the workers import) and the job's schema: each
 registered stage's :attr:`~rapids_attn.stage.Stage.settings` is its job section, under
 :meth:`~rapids_attn.stage.Stage.section_key` (``heads:``), so a stage with settings gets its section, its defaults,
 its validation and its one-line errors (``job.yaml: heads.examples: ...``) without an edit to :mod:`rapids_attn.job`
@@ -26,7 +25,9 @@ A new stage is one package and one registration:
   test), :func:`register` (``before=`` the stage it runs ahead of) and :func:`unregister`.
 
 This module imports the stages' modules, which stay cheap to import (the registry is read before the workers
-start: no torch at their top level); no stage module imports this one at its top.
+start: no torch at their top level). No stage imports this module, even inside a function: a stage that needs the
+others (learn: do the workers stay up; explain: the report's sections) reads the run's
+:attr:`rapids_attn.stage.RunContext.registry`, which the pipeline fills (tests/unit/test_import_cycles.py).
 """
 
 from __future__ import annotations
