@@ -220,9 +220,27 @@ class StoreConfig(Section):
     compression_level: int = Field(3, ge=0, le=9)
 
 
+class HeadClassExports(Section):
+    """explain.head_classes.exports: the files KV-cache tools load, written to head_classes/ beside head_classes.json
+    for a decoder (docs/kv-heads.md; ``python -m rapids_attn.export`` writes them from an existing run)."""
+
+    #: write them (a decoder whose every layer and head the run captured; skipped with a note otherwise).
+    enabled: bool = True
+    #: how a key-value head's DuoAttention value combines its query heads' (max: streamed only when every
+    #: query head of the group can be; mean: kvpress's on-the-fly scores).
+    combine: Literal["max", "mean"] = "max"
+    #: the share of each head's attention mass the vertical and slash sizes of sparse_attention_config.json must
+    #: hold (the smallest measured pattern that does; its measured share is the entry's score).
+    share: float = Field(0.9, gt=0, le=1)
+    #: kv_budget.json: mean tokens kept per key-value head, as a share of context_length.
+    budget: float = Field(0.5, gt=0, le=1)
+    #: kv_budget.json's context length in tokens (unset: the run's longest input).
+    context_length: int | None = Field(None, ge=1)
+
+
 class HeadClassThresholds(Section):
-    """explain.head_classes: the score a head's dataset mean must reach for each class
-    (rapids_attn/explain/head_classes.py; docs/stages.md, "Head classes for long contexts")."""
+    """explain.head_classes: the score a head's dataset mean must reach for each class, where the classes apply,
+    their stability measures and the exports (rapids_attn/explain/head_classes.py; docs/kv-heads.md)."""
 
     #: mass on the first token (Gu et al. 2025's epsilon).
     sink: float = Field(0.3, gt=0, le=1)
@@ -230,6 +248,15 @@ class HeadClassThresholds(Section):
     streaming: float = Field(0.9, gt=0, le=1)
     #: far induction mass (Wu et al. 2024's retrieval-score threshold).
     retrieval: float = Field(0.1, gt=0, le=1)
+    #: the streaming and retrieval scores read only examples of at least this many tokens (a streaming cache of
+    #: 4 + 64 tokens drops at least as much as it keeps from 136 on); none: the classes are not_applicable.
+    min_length: int = Field(256, ge=2)
+    #: bootstrap resamples of the examples for each head's interval and class stability (0: none).
+    bootstrap: int = Field(200, ge=0, le=10_000)
+    exports: HeadClassExports = Field(default_factory=HeadClassExports)
+
+    def thresholds(self) -> dict[str, float]:
+        return {"sink": self.sink, "streaming": self.streaming, "retrieval": self.retrieval}
 
 
 class ExplainConfig(Section):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +36,16 @@ TOOL = "rapids_attn"
 JOB_YAML = "job.yaml"
 #: every name rapids_attn writes at the top of a run directory (the stages write under these)
 #: ``models``: the fine-tuned model's folder and the compared models' stores (issue 37)
-OUTPUTS = ("store.zarr", JOB_YAML, "summary.json", "maps.parquet", "head_classes.json", "report", "models")
+OUTPUTS = (
+    "store.zarr",
+    JOB_YAML,
+    "summary.json",
+    "maps.parquet",
+    "head_classes.json",
+    "head_classes",
+    "report",
+    "models",
+)
 #: the outputs, their temporaries (written, then renamed into place), the marker and the lock
 OWN_NAMES = frozenset({*OUTPUTS, *(n + ".tmp" for n in OUTPUTS), MARKER, MARKER + ".tmp", LOCK_NAME})
 
@@ -255,7 +265,10 @@ def _empty_dir(p: Path) -> bool:
 
 
 #: what the explain stage writes from the store: it describes the store as it was when explain last ran
-EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "head_classes.json", "report")
+EXPLAIN_OUTPUTS = ("summary.json", "maps.parquet", "head_classes.json", "head_classes", "report")
+#: the head-class exports' manifest (rapids_attn.kvheads.export): a head_classes/ folder holding it was written
+#: whole by rapids_attn, and is removed whole
+EXPORTS_MANIFEST = "exports.json"
 
 
 REPORT = "report"
@@ -349,6 +362,11 @@ def remove_stale_outputs(run_dir: Path, stages: Sequence) -> list[str]:
         p = run_dir / name
         if p.is_symlink() or p.is_file():
             p.unlink()
+        elif p.is_dir() and name == "head_classes":
+            if (p / EXPORTS_MANIFEST).is_file():
+                shutil.rmtree(p)
+            else:
+                continue
         elif p.is_dir():
             files = sorted(own_report_files(p)) if name == REPORT else []
             if not files:

@@ -26,84 +26,123 @@ a streaming head only the sink and the window, and a sink head that is not strea
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rapids_attn.store import schema as S
+from rapids_attn.kvheads.evidence import (
+    NOT_APPLICABLE,
+    ORDER,
+    Evidence,
+    Stability,
+    causal_store,
+    labels,
+    read_evidence,
+    reasons,
+    stability,
+    windowed_examples,
+)
+from rapids_attn.stage import ReportSection
+
+__all__ = [
+    "FILE",
+    "ORDER",
+    "HeadClasses",
+    "HeadClassesSection",
+    "causal_store",
+    "classify",
+    "compute",
+    "windowed_examples",
+    "write",
+]
 
 FILE = "head_classes.json"
-ORDER = ("retrieval", "streaming", "sink")
 
 
-def causal_store(g) -> bool:
-    """Whether the store's maps are a decoder's (the extract runs record their workers' causality probe; a
-    store written before they did reads as an encoder's)."""
-    runs = [r.get("causal") for r in g.attrs.get(S.Attr.EXTRACT_RUNS, []) or []]
-    known = [bool(c) for c in runs if c is not None]
-    return bool(known) and all(known)
+def head_scores(g, min_length: int = 0) -> dict[str, np.ndarray]:
+    """[layer, head] means of the three class scores over a store's examples (:mod:`rapids_attn.kvheads.evidence`):
+    the sink score the first-token mass over the dataset's rows, a decoder's first rows left out; streaming and
+    retrieval means over the examples of at least ``min_length`` tokens."""
+    sc = read_evidence(g, min_length).scores()
+    return {c: sc[c] for c in ORDER}
 
 
-def head_scores(g, detectors: np.ndarray, detector_names: list[str]) -> dict[str, np.ndarray]:
-    """[layer, head] means of the three scores: ``detectors`` is the explain stage's per-head detector means
-    ([layer, head, detector]); the sink score is the per-head mean of the ``first`` statistic over the
-    dataset's rows (each example's mean over its ``seq_len`` rows, weighted by them), a decoder's first rows
-    left out (:func:`causal_store`: that row's mass on the first token is 1 for every head)."""
-    k = [str(x) for x in g[S.STAT][:]].index("first")
-    stats = g[S.STATS]
-    rows = np.asarray(g[S.SEQ_LEN][:], np.float64)
-    trivial = 1.0 if causal_store(g) else 0.0
-    e = stats.shape[0]
-    total = np.zeros(stats.shape[1:3])
-    count = np.zeros(stats.shape[1:3])
-    step = max(1, stats.chunks[0])
-    for a in range(0, e, step):
-        v = np.asarray(stats[a : a + step, :, :, k], np.float64)  # [examples, layer, head]
-        n = rows[a : a + step, None, None]
-        keep = ~np.isnan(v) & (n > trivial)
-        total += np.where(keep, v * n - trivial, 0.0).sum(0)
-        count += np.where(keep, n - trivial, 0.0).sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        sink = np.where(count > 0, total / np.maximum(count, 1e-300), np.nan)
-    out = {"sink": sink}
-    for name in ("streaming", "retrieval"):
-        out[name] = (
-            np.asarray(detectors[..., detector_names.index(name)], np.float64)
-            if name in detector_names
-            else np.full(sink.shape, np.nan)
-        )
+def _judged_by(scores: dict[str, np.ndarray], lab: np.ndarray, thresholds: dict[str, float]) -> np.ndarray:
+    """[layer, head] the score each head's class is read from: its class's, for ``other`` the score nearest its
+    threshold, "" for ``not_applicable``."""
+    out = np.full(lab.shape, "", dtype=object)
+    for idx in np.ndindex(lab.shape):
+        c = lab[idx]
+        if c in ORDER:
+            out[idx] = c
+        elif c != NOT_APPLICABLE:
+            finite = [n for n in ORDER if np.isfinite(scores[n][idx])]
+            out[idx] = max(finite, key=lambda n: scores[n][idx] / thresholds[n]) if finite else ""
     return out
 
 
+def _round(x) -> float | None:
+    return round(float(x), 4) if x is not None and np.isfinite(x) else None
+
+
 def classify(scores: dict[str, np.ndarray], layers, heads, thresholds: dict[str, float]) -> list[dict]:
-    """One entry per head: layer, head (the model's indices), class, the class's score (the highest of the
-    three relative to its threshold for ``other``), and every score (None where undefined)."""
+    """One entry per head: layer, head (the model's indices), class, the class's score (for ``other`` the highest
+    of the three relative to its threshold; None for ``not_applicable``), and every score (None where
+    undefined)."""
+    lab = labels(scores, thresholds)
+    by = _judged_by(scores, lab, thresholds)
     rows = []
     for i, layer in enumerate(layers):
         for j, head in enumerate(heads):
-            sc = {name: float(scores[name][i, j]) for name in ORDER}
-            cls = next((c for c in ORDER if np.isfinite(sc[c]) and sc[c] >= thresholds[c]), "other")
-            if cls == "other":
-                finite = [c for c in ORDER if np.isfinite(sc[c])]
-                near = max(finite, key=lambda c: sc[c] / thresholds[c]) if finite else None
-                score = sc[near] if near else None
-            else:
-                score = sc[cls]
             rows.append(
                 {
                     "layer": int(layer),
                     "head": int(head),
-                    "class": cls,
-                    "score": None if score is None else round(score, 4),
-                    "scores": {c: (round(v, 4) if np.isfinite(v) else None) for c, v in sc.items()},
+                    "class": str(lab[i, j]),
+                    "score": _round(scores[by[i, j]][i, j]) if by[i, j] else None,
+                    "scores": {c: _round(scores[c][i, j]) for c in ORDER},
                 }
             )
     return rows
 
 
-def windowed_examples(g) -> int:
-    """How many of the store's examples were read as windows (``model.long_inputs: windows``)."""
-    return sum(int(r.get("windowed_examples") or 0) for r in g.attrs.get(S.Attr.EXTRACT_RUNS, []) or [])
+@dataclass
+class HeadClasses:
+    """A store's head classes with their evidence: scores and labels on every example, the bootstrap and the
+    split halves, and why a class is undefined where it is."""
+
+    evidence: Evidence
+    thresholds: dict[str, float]
+    scores: dict[str, np.ndarray]  # the sink, streaming, retrieval and local means, [layer, head]
+    labels: np.ndarray  # [layer, head]
+    judged_by: np.ndarray  # [layer, head]
+    stability: Stability
+    reasons: dict[str, str]
+
+    def rows(self) -> list[dict]:
+        """head_classes.json's ``heads``: :func:`classify`'s entries with the class score's bootstrap interval
+        and the share of resamples that give the same class."""
+        ev, st = self.evidence, self.stability
+        rows = classify(self.scores, ev.layers, ev.heads, self.thresholds)
+        for r, (i, j) in zip(rows, np.ndindex(self.labels.shape), strict=True):
+            lo, hi = _round(st.low[i, j]), _round(st.high[i, j])
+            r["interval"] = [lo, hi] if lo is not None and hi is not None else None
+            r["same_class"] = _round(st.same_class[i, j])
+        return rows
+
+    def counts(self) -> dict[str, int]:
+        return {c: int((self.labels == c).sum()) for c in (*ORDER, "other", NOT_APPLICABLE)}
+
+
+def compute(g, thresholds: dict[str, float], min_length: int, replicates: int, seed: int) -> HeadClasses:
+    """A store's head classes (``thresholds``: the three class thresholds)."""
+    ev = read_evidence(g, min_length)
+    scores = ev.scores()
+    lab = labels(scores, thresholds)
+    by = _judged_by(scores, lab, thresholds)
+    st = stability(ev, lab, by, thresholds, replicates, seed)
+    return HeadClasses(ev, dict(thresholds), scores, lab, by, st, reasons(ev, scores))
 
 
 WINDOWS_NOTE = (
@@ -133,12 +172,24 @@ def short_windows_warning(windowed: int, max_length: int) -> str | None:
     )
 
 
-def write(
-    run_dir: Path, rows: list[dict], thresholds: dict[str, float], model: dict, examples: int, windowed: int = 0
-) -> dict:
-    """Write ``run_dir/head_classes.json`` (atomically) and return the summary's entry: counts per class."""
+def write(run_dir: Path, hc: HeadClasses, model: dict, examples: int, windowed: int = 0) -> dict:
+    """Write ``run_dir/head_classes.json`` (atomically) and return the summary's entry: counts per class, the
+    split-half agreement and why a class is undefined where it is."""
     from rapids_attn.extract.signature import RECENT_WINDOW, SINK_TOKENS
 
+    ev, st = hc.evidence, hc.stability
+    rows = hc.rows()
+    agreement = {
+        "halves": st.halves,
+        "examples": list(st.half_counts),
+        "kappa": _round(st.kappa),
+        "agreement": _round(st.agreement),
+    }
+    applicability = {
+        "min_length": ev.min_length,
+        "long_examples": int(ev.eligible.sum()),
+        "not_applicable": hc.reasons,
+    }
     doc = {
         "model": model.get("name"),
         "source": model.get("source"),
@@ -147,24 +198,100 @@ def write(
         "definitions": {
             "sink": "mean over the dataset's rows of the attention on the first token, a decoder's first row "
             "(which sees that token alone) left out (Gu et al. 2025)",
-            "streaming": f"mean over examples of each example's mean, over its rows that see beyond both, of the "
-            f"attention on the first {SINK_TOKENS} tokens and the {RECENT_WINDOW} most recent (per example, not per "
-            "row: a short example weighs as much as a long one)",
-            "retrieval": f"mean over examples of each example's attention on the token after an earlier copy of the "
-            f"query's token, {RECENT_WINDOW} or more tokens back, over the mass of its rows that have such a target "
-            "(per example, not per row)",
-            "order": "a head takes the first of retrieval, streaming, sink whose score reaches its threshold",
+            "streaming": f"mean over the examples of at least min_length tokens of each example's mean, over its rows "
+            f"that see beyond both, of the attention on the first {SINK_TOKENS} tokens and the {RECENT_WINDOW} most "
+            "recent (per example, not per row: a short example weighs as much as a long one)",
+            "retrieval": f"mean over the examples of at least min_length tokens of each example's attention on the "
+            f"token after an earlier copy of the query's token, {RECENT_WINDOW} or more tokens back, over the mass of "
+            "its rows that have such a target (per example, not per row)",
+            "order": "a head takes the first of retrieval, streaming, sink whose score reaches its threshold; "
+            "not_applicable where a score that decision needs is undefined (applicability.not_applicable says why)",
+            "interval": f"2.5th-97.5th percentile of the class score over {st.replicates} bootstrap resamples of the "
+            "examples (for other: the score nearest its threshold)",
+            "same_class": "share of those resamples that give the head the same class",
+            "split_half": "the classes of two disjoint halves of the examples and Cohen's kappa of their labels",
             **({"windows": WINDOWS_NOTE} if windowed else {}),
         },
-        "thresholds": dict(thresholds),
+        "thresholds": dict(hc.thresholds),
         "sink_tokens": SINK_TOKENS,
         "recent_window": RECENT_WINDOW,
+        "applicability": applicability,
+        "split_half": agreement,
         "heads": rows,
     }
     from rapids_attn.explain.outputs import replace_with_text
 
     path = Path(run_dir) / FILE
     replace_with_text(path, json.dumps(doc, indent=1))
-    counts = {c: sum(r["class"] == c for r in rows) for c in (*ORDER, "other")}
     undefined = {c: sum(r["scores"][c] is None for r in rows) for c in ORDER}
-    return {"path": str(path), "thresholds": dict(thresholds), "counts": counts, "undefined": undefined}
+    return {
+        "path": str(path),
+        "thresholds": dict(hc.thresholds),
+        "counts": hc.counts(),
+        "undefined": undefined,
+        "applicability": applicability,
+        "split_half": agreement,
+    }
+
+
+def section_html(hc: HeadClasses, entry: dict) -> str:
+    """The report's "Head classes" section: counts, where the classes do not apply and why, the split-half
+    agreement, the exports, and every head's class with its interval and stability (collapsed)."""
+    from html import escape
+
+    st = hc.stability
+    counts = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in hc.counts().items() if n)
+    parts = [
+        '<section id="head_classes"><h2>Head classes for long contexts</h2>',
+        (
+            f"<p>{escape(counts)} (thresholds {escape(json.dumps(hc.thresholds))}; streaming and retrieval read the "
+            f"{int(hc.evidence.eligible.sum())} of {hc.evidence.n_examples} examples of at least "
+            f"{hc.evidence.min_length} tokens; <code>head_classes.json</code>).</p>"
+        ),
+    ]
+    if hc.reasons:
+        items = "".join(f"<li><b>{escape(c)}</b> undefined for {escape(r)}</li>" for c, r in hc.reasons.items())
+        parts.append(f"<p>Not applicable where a score the class needs is undefined:</p><ul>{items}</ul>")
+    k = "undefined (both halves give every head one class)" if st.kappa is None else f"{st.kappa:.3f}"
+    unstable = int((np.nan_to_num(st.same_class, nan=1.0) < 0.9).sum())
+    parts.append(
+        f"<p>Noise control: two disjoint halves of the examples ({escape(st.halves)}) agree on {st.agreement:.1%} "
+        f"of the heads' classes, Cohen's kappa {escape(k)}; over {st.replicates} bootstrap resamples of the "
+        f"examples, {unstable} head(s) keep their class in under 90% of them. A head whose interval crosses its "
+        "threshold is not a finding at this sample size.</p>"
+    )
+    ex = entry.get("exports") or {}
+    if ex.get("written"):
+        parts.append(
+            f"<p>Exports for KV-cache tools in <code>head_classes/</code>: {escape(', '.join(ex['formats']))} "
+            "(docs/kv-heads.md).</p>"
+        )
+    elif ex.get("why"):
+        parts.append(f"<p>No exports for KV-cache tools: {escape(ex['why'])}.</p>")
+    body = []
+    for r in hc.rows():
+        iv = r["interval"]
+        body.append(
+            f"<tr><td>{r['layer']}</td><td>{r['head']}</td><td>{escape(r['class'])}</td>"
+            f"<td>{'' if r['score'] is None else r['score']}</td>"
+            f"<td>{'' if iv is None else f'{iv[0]}-{iv[1]}'}</td>"
+            f"<td>{'' if r['same_class'] is None else r['same_class']}</td></tr>"
+        )
+    parts.append(
+        "<details><summary>Every head</summary><table><tr><th>layer</th><th>head</th><th>class</th><th>score</th>"
+        "<th>95% interval</th><th>same class</th></tr>" + "".join(body) + "</table></details></section>"
+    )
+    return "".join(parts)
+
+
+class HeadClassesSection(ReportSection):
+    """The explain stage's own section (it computes the classes itself: nothing to read)."""
+
+    anchor = "head_classes"
+    title = "Head classes"
+
+    def read(self, g, summary, findings, arrays, earlier):
+        return None
+
+    def html(self, state, figures):
+        return "" if state is None else section_html(*state)

@@ -89,17 +89,13 @@ class ExplainStage(Stage):
             self._sections[name] = (section, section.read(g, summary, findings, arrays, self._reported()))
         from rapids_attn.explain import head_classes as HC
 
-        thresholds = self.explain_cfg.head_classes.model_dump()
-        rows = HC.classify(
-            HC.head_scores(g, arrays.head_detectors, list(findings.detectors.names)),
-            findings.layers,
-            findings.heads,
-            thresholds,
-        )
+        hc_cfg = self.explain_cfg.head_classes
+        say("head classes: scores, bootstrap and split halves")
+        hc = HC.compute(g, hc_cfg.thresholds(), hc_cfg.min_length, hc_cfg.bootstrap, self.seed)
         windowed = HC.windowed_examples(g)
-        summary["head_classes"] = HC.write(
-            ctx.run_dir, rows, thresholds, summary["model"], summary["counts"]["examples"], windowed
-        )
+        summary["head_classes"] = HC.write(ctx.run_dir, hc, summary["model"], summary["counts"]["examples"], windowed)
+        summary["head_classes"]["exports"] = self._exports(ctx, hc, findings)
+        self._sections["head_classes"] = (HC.HeadClassesSection(), (hc, summary["head_classes"]))
         short = HC.short_windows_warning(windowed, ctx.model.max_length)
         if short:
             findings.warnings.append(short)
@@ -125,6 +121,40 @@ class ExplainStage(Stage):
         # summary.json is shared: it names the run directory ".", the paths in it relative to it, and a model
         # folder or file elsewhere by its name (issue 47); the store keeps the absolute ones later runs read back
         return ExplainResult(summary=shared_paths(summary, ctx.run_dir))
+
+    def _exports(self, ctx: RunContext, hc, findings) -> dict:
+        """head_classes/ (explain.head_classes.exports) for a decoder whose every layer and head the run captured;
+        otherwise, or where the classes do not apply, none, and the summary says why. An earlier run's folder is
+        removed first, so a folder present is this run's."""
+        import shutil
+
+        from rapids_attn.extract.model import load_config
+        from rapids_attn.kvheads import export as X
+        from rapids_attn.kvheads.formats import ExportError, ModelShape
+        from rapids_attn.rundir import EXPORTS_MANIFEST
+
+        out = ctx.run_dir / X.FOLDER
+        if out.is_dir() and not out.is_symlink() and (out / EXPORTS_MANIFEST).is_file():
+            shutil.rmtree(out)  # an earlier run's, written whole by us
+        elif out.exists() or out.is_symlink():
+            why = f"{out} is in the way (not a folder of exports this tool wrote); move it and rerun explain"
+            findings.warnings.append(f"head-class exports not written: {why}")
+            return {"written": False, "why": why}
+        cfg = self.explain_cfg.head_classes.exports
+        if not cfg.enabled:
+            return {"written": False, "why": "explain.head_classes.exports.enabled is false"}
+        if not hc.evidence.causal:
+            return {"written": False, "why": "an encoder (no KV cache): the exports are for decoders"}
+        try:
+            _, config = load_config(self.model_cfg)
+            shape = ModelShape.from_config(config, self.model_cfg.name)
+            manifest = X.write_exports(out, hc, shape, X.ExportSettings.from_config(cfg), self.model_cfg.name)
+        except ExportError as e:
+            msg = f"head-class exports not written: {e} (python -m rapids_attn.export writes them later)"
+            findings.warnings.append(msg)
+            return {"written": False, "why": str(e)}
+        say(f"head classes: exports in {out}")
+        return {"written": True, "path": str(out), "formats": sorted(manifest["formats"])}
 
     def _report(self, ctx: RunContext, summary: dict, findings, arrays):
         from rapids_attn.explain.findings import ClusteringOverview, RunOverview

@@ -227,5 +227,13 @@ def test_long_documents_job_on_a_small_decoder(tmp_path):
     classes = json.loads((run / "head_classes.json").read_text())
     heads = classes["heads"]
     assert len(heads) == 2 * 4
-    assert {h["class"] for h in heads} <= {"sink", "streaming", "retrieval", "other"}
+    assert {h["class"] for h in heads} <= {"sink", "streaming", "retrieval", "other"}  # 2,048 tokens: all apply
     assert all(0 <= h["layer"] < 2 and 0 <= h["head"] < 4 for h in heads)
+    # the exports for KV-cache tools (issue 49), checked against the model's 2 layers x 4 heads on 2 KV heads
+    import numpy as np
+
+    tsv = np.loadtxt(run / "head_classes" / "duo_attention" / "full_attention_heads.tsv", delimiter="\t")
+    assert tsv.shape == (2, 2) and ((tsv >= 0) & (tsv <= 1)).all()
+    sparse = json.loads((run / "head_classes" / "sparse_attention_config.json").read_text())
+    assert len(sparse) == 2 and all(sorted(layer, key=int) == ["0", "1", "2", "3"] for layer in sparse)
+    assert s["head_classes"]["exports"]["written"] is True
