@@ -67,6 +67,16 @@ def test_quickstart_end_to_end(tmp_path):
     assert s["backend"]["runtime"]["n_workers"] == 2
     assert "dashboard:" in r.stderr
     check_report(run, s)
+    # issue 49: the quickstart's inputs (at most ~110 tokens) are too short for the long-context classes, which
+    # say so instead of labelling most heads streaming; an encoder gets no KV-cache exports, and the report says why
+    hc = s["head_classes"]
+    assert hc["counts"]["not_applicable"] == 6 * 12 and hc["applicability"]["long_examples"] == 0
+    assert "no example has 256 tokens or more" in hc["applicability"]["not_applicable"]["streaming"]
+    assert (
+        hc["exports"]["written"] is False and "encoder" in hc["exports"]["why"] and not (run / "head_classes").exists()
+    )
+    html = (run / "report" / "index.html").read_text()
+    assert 'id="head_classes"' in html and "no example has 256 tokens or more" in html
     # a second run resumes: nothing left to extract
     r2 = run_cli(REPO / "jobs" / "quickstart.yaml", "--set", f"output.dir={run}", cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
