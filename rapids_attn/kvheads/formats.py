@@ -74,7 +74,8 @@ class ModelShape:
                 f"model {name!r}: its config names no num_hidden_layers / num_attention_heads; pass --model "
                 "a folder whose config.json has them"
             )
-        kv = text.get("num_key_value_heads") or heads
+        kv = text.get("num_key_value_heads")
+        kv = heads if kv is None else kv  # absent: one key-value head per query head; 0 is refused
         return cls(int(layers), int(heads), int(kv), name or str(config.get("_name_or_path") or ""))
 
     def check(self, layers, heads, what: str) -> None:
@@ -84,13 +85,13 @@ class ModelShape:
         if layers != list(range(self.layers)):
             raise ExportError(
                 f"{what}: the run captured layers {_span(layers)} but model {self.name!r} has {self.layers} "
-                f"(0-{self.layers - 1}); rerun extract with every layer (no model.layers) or pass the model the "
+                f"(0-{self.layers - 1}); rerun extract with every layer (no extract.layers) or pass the model the "
                 "run read"
             )
         if heads != list(range(self.heads)):
             raise ExportError(
                 f"{what}: the run captured heads {_span(heads)} but model {self.name!r} has {self.heads} query heads "
-                f"(0-{self.heads - 1}); rerun extract with every head or pass the model the run read"
+                f"(0-{self.heads - 1}); rerun extract with every head (no extract.heads) or pass the model the run read"
             )
 
 

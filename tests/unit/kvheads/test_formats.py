@@ -66,6 +66,9 @@ def test_shape_refusals():
         ModelShape.from_config({"hidden_size": 8})
     with pytest.raises(ExportError):
         ModelShape(0, 4, 2)
+    # a config that says 0 key-value heads is refused, not read as one per query head
+    with pytest.raises(ExportError, match="0 key-value heads"):
+        ModelShape.from_config({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 0})
 
 
 def test_check_names_the_missing_layers_or_heads_in_one_line():
@@ -74,6 +77,7 @@ def test_check_names_the_missing_layers_or_heads_in_one_line():
         SHAPE.check([0, 1], range(4), "exports")
     msg = str(e.value)
     assert "\n" not in msg and "layers 0-1 (2)" in msg and "has 3" in msg and msg.startswith("exports:")
+    assert "no extract.layers" in msg
     with pytest.raises(ExportError) as e:
         SHAPE.check(range(3), [0, 2, 3], "exports")
     msg = str(e.value)
