@@ -105,6 +105,8 @@ def write_exports(out: Path, hc, shape: F.ModelShape, settings: ExportSettings, 
 
     check(hc, shape)
     unknown = sorted(set(settings.formats) - set(FORMATS))
+    if not settings.formats:
+        raise F.ExportError(f"--format: name at least one of {', '.join(FORMATS)}, or all")
     if unknown:
         raise F.ExportError(f"--format: unknown {', '.join(unknown)}; use {', '.join(FORMATS)} or all")
     ev, st = hc.evidence, hc.stability

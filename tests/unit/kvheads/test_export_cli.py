@@ -211,6 +211,9 @@ def test_cli_refuses_an_unknown_format(llama_run, capsys):
     line = _refused(_main(capsys, run, "--format", "nope", "--out", parent / "out"))
     assert "nope" in line
     assert list(parent.iterdir()) == []
+    line = _refused(_main(capsys, run, "--format", ",", "--out", parent / "out"))  # no format named at all
+    assert "name at least one" in line
+    assert list(parent.iterdir()) == []
 
 
 def test_cli_refuses_a_folder_without_a_store(tmp_path, capsys):
