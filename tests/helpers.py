@@ -110,6 +110,25 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+#: a short sentence of repeated words: its copies give every row far repeats (the retrieval score's targets)
+REPEATED_WORDS = "the cat sat on the mat and the dog ran to the park while birds sang".split()  # noqa: SIM905
+
+
+def repeated_rows(n: int, repeats: int) -> list[dict]:
+    """``n`` JSONL rows whose contexts repeat :data:`REPEATED_WORDS` ``repeats`` to ``repeats + 2`` times (16 words
+    each): inputs long enough, and repetitive enough, for every long-context head-class score to be defined."""
+    return [
+        {
+            "id": f"d{i}",
+            "question": f"doc {i}",
+            "context": " ".join(REPEATED_WORDS * (repeats + i % 3)),
+            "topic": "t",
+            "answerable": True,
+        }
+        for i in range(n)
+    ]
+
+
 #: the explain stage's optional outputs off: the HTML report, the explorer and the BertViz head views are
 #: three quarters of a tiny job's wall clock (4.4 s against 1.6 s), and only the tests about them read them
 NO_REPORT = {"report": False, "explorer": False, "head_views": 0}

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import zarr
-from helpers import make_job, write_jsonl
+from helpers import make_job, repeated_rows, write_jsonl
 
 from rapids_attn.explain.head_classes import classify, head_scores, short_windows_warning
 from rapids_attn.jobfile import load_job
@@ -86,34 +86,7 @@ def test_short_windows_are_warned_about():
 @pytest.fixture(scope="module")
 def long_run(tmp_path_factory, tiny_gpt2_dir):
     tmp = tmp_path_factory.mktemp("classes")
-    words = [
-        "the",
-        "cat",
-        "sat",
-        "on",
-        "the",
-        "mat",
-        "and",
-        "the",
-        "dog",
-        "ran",
-        "to",
-        "the",
-        "park",
-        "while",
-        "birds",
-        "sang",
-    ]
-    rows = [
-        {
-            "id": f"d{i}",
-            "question": f"doc {i}",
-            "context": " ".join(words * (6 + i % 3)),
-            "topic": "t",
-            "answerable": True,
-        }
-        for i in range(6)
-    ]
+    rows = repeated_rows(6, 6)
     data = write_jsonl(tmp / "long.jsonl", rows)
     cfg = load_job(
         None,

@@ -15,46 +15,19 @@ import sys
 import numpy as np
 import pytest
 import zarr
-from helpers import REPO, make_job, save_tiny_llama, write_jsonl
+from helpers import REPO, make_job, repeated_rows, save_tiny_llama, write_jsonl
 
 from rapids_attn.jobfile import load_job
 from rapids_attn.pipeline import run_job
 
 HEADS, KV_HEADS, LAYERS = 4, 2, 2
-WORDS = [
-    "the",
-    "cat",
-    "sat",
-    "on",
-    "the",
-    "mat",
-    "and",
-    "the",
-    "dog",
-    "ran",
-    "to",
-    "the",
-    "park",
-    "while",
-    "birds",
-    "sang",
-]
 
 
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kvheads")
     model = save_tiny_llama(tmp / "llama", heads=HEADS, kv_heads=KV_HEADS, positions=256)
-    rows = [
-        {
-            "id": f"d{i}",
-            "question": f"doc {i}",
-            "context": " ".join(WORDS * (11 + i % 3)),
-            "topic": "t",
-            "answerable": True,
-        }
-        for i in range(8)
-    ]
+    rows = repeated_rows(8, 11)
     data = write_jsonl(tmp / "long.jsonl", rows)
     cfg = load_job(
         None,
