@@ -99,6 +99,7 @@ def export_run(run: Path, args) -> dict:
     from rapids_attn.errors import StoreError
     from rapids_attn.explain import head_classes as HC
     from rapids_attn.kvheads import export as X
+    from rapids_attn.rundir import shared_path
     from rapids_attn.store.schema import Attr, complete_attr
 
     store = Path(run) / "store.zarr"
@@ -115,6 +116,7 @@ def export_run(run: Path, args) -> dict:
     )
     hc_cfg, seed = _settings(g, args)
     shape, model = _model_shape(g, args.model)
+    model = shared_path(model, run) or model  # the files are made to be shared: no absolute path (issue 47)
     hc = HC.compute(g, hc_cfg.thresholds(), hc_cfg.min_length, hc_cfg.bootstrap, seed)
     out = Path(args.out) if args.out else Path(run) / X.FOLDER
     settings = X.ExportSettings.from_config(hc_cfg.exports, formats)

@@ -131,13 +131,13 @@ class ExplainStage(Stage):
         from rapids_attn.extract.model import load_config
         from rapids_attn.kvheads import export as X
         from rapids_attn.kvheads.formats import ExportError, ModelShape
-        from rapids_attn.rundir import EXPORTS_MANIFEST
+        from rapids_attn.rundir import EXPORTS_MANIFEST, shared_path
 
         out = ctx.run_dir / X.FOLDER
         if out.is_dir() and not out.is_symlink() and (out / EXPORTS_MANIFEST).is_file():
             shutil.rmtree(out)  # an earlier run's, written whole by us
         elif out.exists() or out.is_symlink():
-            why = f"{out} is in the way (not a folder of exports this tool wrote); move it and rerun explain"
+            why = f"the path {out} is in the way (not a folder of exports this tool wrote); move it and rerun explain"
             findings.warnings.append(f"head-class exports not written: {why}")
             return {"written": False, "why": why}
         cfg = self.explain_cfg.head_classes.exports
@@ -148,7 +148,9 @@ class ExplainStage(Stage):
         try:
             _, config = load_config(self.model_cfg)
             shape = ModelShape.from_config(config, self.model_cfg.name)
-            manifest = X.write_exports(out, hc, shape, X.ExportSettings.from_config(cfg), self.model_cfg.name)
+            # the files are made to be shared: a local model folder is named as summary.json names it (issue 47)
+            name = shared_path(self.model_cfg.name, ctx.run_dir)
+            manifest = X.write_exports(out, hc, shape, X.ExportSettings.from_config(cfg), name)
         except ExportError as e:
             msg = f"head-class exports not written: {e} (python -m rapids_attn.export writes them later)"
             findings.warnings.append(msg)

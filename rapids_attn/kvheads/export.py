@@ -181,7 +181,7 @@ def write_exports(out: Path, hc, shape: F.ModelShape, settings: ExportSettings, 
             }
         manifest = {
             "model": model,
-            "shape": asdict(shape),
+            "shape": {"layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads},
             "settings": {**asdict(settings), "formats": list(settings.formats)},
             "sink_size": SINK_TOKENS,
             "recent_size": RECENT_WINDOW,
