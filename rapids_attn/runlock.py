@@ -56,3 +56,19 @@ def run_lock(run_dir: Path):
         yield
     finally:
         f.close()  # closing the file releases the lock
+
+
+def held(run_dir: Path) -> bool:
+    """Whether a run holds ``run_dir``'s lock now (another process's :func:`run_lock`); never creates the file."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
