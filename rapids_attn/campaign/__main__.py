@@ -5,6 +5,8 @@
   campaign file (one line, nothing run).
 - ``status [--json]``: each run's state (done, running, failed with its one-line error, interrupted, stale,
   pending).
+- ``merge [--reference MODEL]``: the done runs merged into ``OUT/atlas/`` (heads, matches to the reference model,
+  layer similarity, per-family class depths; :mod:`rapids_attn.campaign.merge`).
 - ``scripts [--image IMG] [--gpus N] [--parallel P]``: ``campaign.slurm`` (a Slurm array) and ``campaign-k8s.yaml``
   (a Kubernetes indexed Job) in the campaign's output folder, each task ``run --index`` its array index.
 """
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="run finished runs again")
     s = sub.add_parser("status", help="each run's state")
     s.add_argument("--json", action="store_true", help="as JSON")
+    m = sub.add_parser("merge", help="merge the done runs into one head atlas")
+    m.add_argument("--reference", help="the model label every run is matched to (default: the first model)")
     k = sub.add_parser("scripts", help="write a Slurm array script and a Kubernetes indexed Job")
     k.add_argument("--image", default="rapids-attn:latest", help="the container image (docker/Dockerfile)")
     k.add_argument("--gpus", type=int, default=1, help="GPUs per task")
@@ -75,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
                 for s in states:
                     counts[s.state] = counts.get(s.state, 0) + 1
                 print(f"campaign {c.spec.name}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+            return 0
+        if args.command == "merge":
+            from rapids_attn.campaign.merge import merge
+
+            doc = merge(c, args.reference, say=lambda s: print(s, flush=True))
+            print(
+                f"wrote {c.out / 'atlas'}: {doc['heads']} heads of {len(doc['runs'])} runs matched to "
+                f"{doc['reference']}" + (f"; left out: {', '.join(doc['left_out'])}" if doc["left_out"] else "")
+            )
             return 0
         from rapids_attn.campaign.scripts import k8s_job, slurm_script
 

@@ -6,6 +6,7 @@ campaign file is wrong, and written out as a Slurm array and a Kubernetes indexe
 import json
 import subprocess
 
+import numpy as np
 import pytest
 import yaml
 from helpers import make_job, repeated_rows, write_jsonl
@@ -84,6 +85,29 @@ def test_a_campaign_runs_resumes_and_reports(campaign, capsys):
         assert _status(capsys, path)["gpt2/docs"]["state"] == "stale"
     finally:
         _write(path, doc)
+    # the merge: the done runs' heads in one table, each matched to the reference model's (gpt2, the first)
+    import pyarrow.parquet as pq
+
+    assert main([str(path), "merge"]) == 0
+    atlas = path.parent / "out" / "atlas"
+    info = json.loads((atlas / "atlas.json").read_text())
+    assert info["runs"] == ["gpt2/docs", "llama/docs"] and list(info["left_out"]) == ["missing/docs"]
+    heads = pq.read_table(atlas / "heads.parquet").to_pandas()
+    assert len(heads) == 2 * 2 + 2 * 2 and set(heads["model"]) == {"gpt2", "llama"}
+    assert set(heads["depth"]) == {0.0, 1.0} and heads["class"].notna().all()
+    assert {"stats:entropy", "detectors:induction_head", "profile:offset -1"} <= set(heads.columns)
+    matches = pq.read_table(atlas / "matches.parquet").to_pandas()
+    assert len(matches) == 4 and set(matches["run"]) == {"llama/docs"} and set(matches["how"]) == {"within layers"}
+    assert (matches["layer"] == matches["reference_layer"]).all()
+    assert sorted(matches.groupby("layer")["reference_head"].apply(sorted).sum()) == [0, 0, 1, 1]  # one to one
+    layers = json.loads((atlas / "layers.json").read_text())
+    assert np.asarray(layers["llama/docs"]["rsa"]).shape == (2, 2)
+    families = json.loads((atlas / "families.json").read_text())
+    assert set(families) == {"gpt2/docs", "llama/docs"}
+    assert sum(sum(v) for v in families["gpt2/docs"]["by_depth"].values()) == 4
+    capsys.readouterr()
+    assert main([str(path), "merge", "--reference", "nope"]) == 2
+    assert "--reference" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
