@@ -5,7 +5,7 @@ Each planted run has a store with the arrays the merge reads (statistics, detect
 values in range), a head_classes.json and a finished task record, at one of three shapes in turn: 12 x 12 (144
 heads, BERT-base), 24 x 16 (384) and 32 x 32 (1,024, an 8B decoder). The merge reads every run once, matches each
 to the reference (the first model: within layers where the shape is the same, else across all heads) and compares
-their layers (RSA over the shared examples). Prints a table (models, heads, seconds, seconds per run, peak memory)
+their layers (RSA over the shared examples), and clusters 2,000 maps of each run together (their 64-d embeddings). Prints a table (models, heads, seconds, seconds per run, peak memory)
 and writes the raw numbers as JSON to ``--out``. Results: docs/benchmarks.md.
 """
 
@@ -48,6 +48,10 @@ def plant(root: Path, models: int, examples: int) -> Path:
         r.run_dir.mkdir(parents=True)
         g = plant_store(r.run_dir / "store.zarr", examples, nl, nh, (300, 600), 8, seed=r.index)
         g.create_array(S.EXAMPLE_ID, data=np.array([f"e{i}" for i in range(examples)]))
+        rng = np.random.default_rng(r.index)
+        feats = rng.normal(size=(examples, nl, nh, 64)).astype(np.float16)
+        g.create_array(S.FEATURES, data=feats, chunks=(64, nl, nh, 64))
+        g.attrs[S.Attr.JOB] = {"embed": {"name": "pattern-cnn"}}
         heads = [
             {"layer": i, "head": j, "class": "other", "score": 0.5, "interval": [0.4, 0.6], "same_class": 0.9}
             for i in range(nl)

@@ -12,6 +12,9 @@ every run's store and head_classes.json read once, so time and memory grow linea
   relative-depth cost; the matched distance and, within layers, the margin to the next-nearest head;
 - ``layers.json``: per run, its layers' representational similarity to the reference run's layers;
 - ``families.json``: per family and dataset, how many heads of each class sit in each quarter of relative depth;
+- ``maps.parquet`` and ``clusters.json``: one clustering of a sample of every run's maps together (the same
+  number from each run, their stored embeddings: runs of one embedder only), so that a cluster means the same in
+  every model; per cluster, each model's share of its sampled maps and the cluster's mean relative depth;
 - ``atlas.json``: what was merged, what was left out and why (a run not done), and where each run's KV exports are.
 """
 
@@ -39,7 +42,9 @@ def _classes(run_dir: Path) -> dict[tuple[int, int], dict]:
     return {(h["layer"], h["head"]): h for h in doc.get("heads", [])}
 
 
-def merge(c: Campaign, reference: str | None = None, say=print) -> dict:
+def merge(
+    c: Campaign, reference: str | None = None, say=print, maps_per_run: int = 2000, n_clusters: int = 8, seed: int = 0
+) -> dict:
     """Merge the campaign's done runs into ``c.out/atlas`` (replaced whole); returns ``atlas.json``'s content."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -140,6 +145,9 @@ def merge(c: Campaign, reference: str | None = None, say=print) -> dict:
             layers[r.label] = {"reference": ref.label, "rsa": None, "why": str(e)}
         say(f"atlas: matched {r.label} to {ref.label} ({how})")
     families = _families(rows)
+    map_rows, clusters = _joint_clusters(done, stores, maps_per_run, n_clusters, seed)
+    if map_rows:
+        say(f"atlas: clustered {len(map_rows['model']):,} maps of {len(done)} runs together")
     exports = {
         r.label: str(r.run_dir / "head_classes")
         for r in done
@@ -152,7 +160,9 @@ def merge(c: Campaign, reference: str | None = None, say=print) -> dict:
         "reference": ref_model,
         "heads": len(rows.get("model", [])),
         "kv_exports": exports,
-        "files": ["heads.parquet", "matches.parquet", "layers.json", "families.json"],
+        "joint_clusters": {k: v for k, v in clusters.items() if k != "clusters"},
+        "files": ["heads.parquet", "matches.parquet", "layers.json", "families.json"]
+        + (["maps.parquet", "clusters.json"] if map_rows else []),
     }
     out = c.out / FOLDER
     c.out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +175,9 @@ def merge(c: Campaign, reference: str | None = None, say=print) -> dict:
         )
         (stage / "layers.json").write_text(json.dumps(layers, indent=1))
         (stage / "families.json").write_text(json.dumps(families, indent=1))
+        if map_rows:
+            pq.write_table(pa.table(map_rows), stage / "maps.parquet")
+            (stage / "clusters.json").write_text(json.dumps(clusters, indent=1))
         (stage / "atlas.json").write_text(json.dumps(doc, indent=1))
         if out.exists():
             shutil.rmtree(out)
@@ -193,3 +206,68 @@ def _families(rows: dict[str, list]) -> dict:
         v["models"] = sorted(v["models"])
         v["depth_bins"] = [f"{i / DEPTH_BINS:g}-{(i + 1) / DEPTH_BINS:g}" for i in range(DEPTH_BINS)]
     return out
+
+
+def _joint_clusters(done, stores: dict, per_run: int, n_clusters: int, seed: int) -> tuple[dict, dict]:
+    """One MapClusterer fit over ``per_run`` maps sampled from each run (whole examples, then maps among them,
+    seeded): ({model, dataset, example_id, layer, head, depth, cluster} columns, the clusters' summary). Runs of
+    different embedders (names or feature sizes) cannot share a space: none, and the summary says why."""
+    from rapids_attn.learn.estimator import MapClusterer
+    from rapids_attn.store import schema as S
+    from rapids_attn.store.schema import Attr
+
+    def embedder(g):
+        if str(S.FEATURES) not in g:
+            return None
+        job = dict(g.attrs.get(Attr.JOB) or {})
+        return (str((job.get("embed") or {}).get("name")), int(g[S.FEATURES].shape[-1]))
+
+    kinds = {r.label: embedder(stores[r.label]) for r in done}
+    if None in kinds.values():
+        return {}, {"why": f"{next(k for k, v in kinds.items() if v is None)} keeps no embeddings"}
+    if len(set(kinds.values())) != 1:
+        return {}, {"why": f"the runs' embedders differ ({sorted(set(kinds.values()))}): no shared space"}
+    rng = np.random.default_rng(seed)
+    feats, cols = [], {k: [] for k in ("model", "dataset", "example_id", "layer", "head", "depth")}
+    for r in done:
+        g = stores[r.label]
+        arr = g[S.FEATURES]
+        e, nl, nh = arr.shape[:3]
+        n_ex = min(e, max(1, -(-per_run // (nl * nh))))
+        ex = np.sort(rng.choice(e, size=n_ex, replace=False))
+        x = np.asarray(arr.get_orthogonal_selection((ex, slice(None), slice(None), slice(None))), np.float32)
+        flat = x.reshape(-1, x.shape[-1])
+        pick = np.sort(rng.choice(len(flat), size=min(per_run, len(flat)), replace=False))
+        i_ex, i_l, i_h = np.unravel_index(pick, (n_ex, nl, nh))
+        ids = [str(v) for v in g[S.EXAMPLE_ID].get_orthogonal_selection(ex)]
+        layers = [int(v) for v in g[S.LAYER][:]]
+        heads = [int(v) for v in g[S.HEAD][:]]
+        feats.append(flat[pick])
+        cols["model"] += [r.label.split("/")[0]] * len(pick)
+        cols["dataset"] += [r.dataset.label] * len(pick)
+        cols["example_id"] += [ids[i] for i in i_ex]
+        cols["layer"] += [layers[i] for i in i_l]
+        cols["head"] += [heads[i] for i in i_h]
+        cols["depth"] += [float(i / max(1, nl - 1)) for i in i_l]
+    x = np.concatenate(feats)
+    k = int(min(n_clusters, max(1, len(x) - 1)))
+    est = MapClusterer(pca_components=int(min(16, x.shape[1], len(x))), n_clusters=k, k_sweep=None, random_state=seed)
+    labels = np.asarray(est.fit(x).labels_)
+    cols["cluster"] = labels.astype(int).tolist()
+    models = sorted(set(cols["model"]))
+    model_arr = np.array(cols["model"])
+    depth = np.array(cols["depth"])
+    summary = {"maps": len(x), "per_run": int(per_run), "n_clusters": k, "embedder": list(next(iter(kinds.values())))}
+    summary["clusters"] = [
+        {
+            "cluster": int(cl),
+            "maps": int((labels == cl).sum()),
+            "mean_depth": round(float(depth[labels == cl].mean()), 3),
+            "share_of_each_model": {
+                m: round(float(((labels == cl) & (model_arr == m)).sum() / max(1, (model_arr == m).sum())), 4)
+                for m in models
+            },
+        }
+        for cl in sorted(set(labels.tolist()))
+    ]
+    return cols, summary

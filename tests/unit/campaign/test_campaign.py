@@ -105,6 +105,14 @@ def test_a_campaign_runs_resumes_and_reports(campaign, capsys):
     families = json.loads((atlas / "families.json").read_text())
     assert set(families) == {"gpt2/docs", "llama/docs"}
     assert sum(sum(v) for v in families["gpt2/docs"]["by_depth"].values()) == 4
+    # one clustering of both models' maps (the same embedder): a cluster means the same in each model
+    maps = pq.read_table(atlas / "maps.parquet").to_pandas()
+    assert len(maps) == 2 * 6 * 2 * 2 and maps.groupby("model").size().to_dict() == {"gpt2": 24, "llama": 24}
+    clusters = json.loads((atlas / "clusters.json").read_text())
+    assert clusters["maps"] == 48 and sum(c["maps"] for c in clusters["clusters"]) == 48
+    for m in ("gpt2", "llama"):
+        assert sum(c["share_of_each_model"][m] for c in clusters["clusters"]) == pytest.approx(1.0, abs=1e-3)
+    assert info["joint_clusters"]["n_clusters"] == clusters["n_clusters"]
     capsys.readouterr()
     assert main([str(path), "merge", "--reference", "nope"]) == 2
     assert "--reference" in capsys.readouterr().err
