@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,7 @@ def load_campaign(path: str | Path, validate_jobs: bool = True) -> Campaign:
     if not job.is_file():
         raise JobConfigError(f"{path}: job: no such job file: {spec.job} (relative to the campaign file)")
     out = Path(spec.output.dir).expanduser()
-    out = out if out.is_absolute() else base / out
+    out = Path(os.path.normpath(out if out.is_absolute() else base / out))
     runs = []
     seen: dict[str, int] = {}
     for m_i, m in enumerate(spec.models):

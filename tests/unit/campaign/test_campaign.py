@@ -187,11 +187,11 @@ def test_the_example_campaign_validates():
 
     c = load_campaign(REPO / "jobs" / "campaigns" / "minilm.yaml")
     assert [r.label for r in c.runs] == [
-        "minilm/quickstart",
-        "minilm/squad500",
-        "minilm-squad/quickstart",
-        "minilm-squad/squad500",
+        "minilm/squad300",
+        "minilm-squad/squad300",
+        "minilm-squad-seed1/squad300",
+        "minilm-squad-seed2/squad300",
     ]
-    sets = dict(o.split("=", 1) for o in c.runs[1].overrides)
-    assert sets["data.limit"] == "500" and sets["model.name"] == "minilm-l6"
+    sets = dict(o.split("=", 1) for o in c.runs[0].overrides)
+    assert sets["data.limit"] == "300" and sets["model.name"] == "minilm-l6"
     assert c.out.resolve() == (REPO / "runs" / "campaign-minilm").resolve()
