@@ -113,7 +113,7 @@ def test_the_explain_stage_says_what_it_is_doing(full_run):
     _, _, err = full_run
     prefix = "rapids_attn: explain: "
     said = [x[len(prefix) :] for x in err.splitlines() if x.startswith(prefix)]
-    steps = ["describing", "clusters against example label", "head views", "explorer", "report"]
+    steps = ["describing", "clusters against example label", "head classes", "head views", "explorer", "report"]
     ours = [x for x in said if not x.startswith(("started", "done in"))]  # the pipeline's own lines aside
     assert len(ours) == len(steps) and all(x.startswith(s) for x, s in zip(ours, steps, strict=True)), said
     assert ours[0].startswith("describing 3 clusters of ")
