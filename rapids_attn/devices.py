@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -114,6 +115,11 @@ class ExtractDevices:
     model_dtype: str = "auto"
     #: embed.precision as set: ``auto`` (float16 on a GPU, float32 on the CPU), ``float32`` or ``int8``
     embed_precision: str = "auto"
+    #: model.device_map as set (None: the model runs whole on the worker's one device). Set, the model's layers are
+    #: spread over every GPU the worker sees; the worker's ``device`` (its first GPU) still holds the inputs, the
+    #: reduced maps and the embedder, and the capture reduces each layer where it runs, its results gathered there
+    #: (:class:`rapids_attn.extract.maps.LayerReducer`)
+    device_map: str | None = None
 
     def on_this_worker(self, checkpoint_dtype: str | None = None) -> ResolvedDevices:
         """The concrete device (``cpu`` or ``cuda:N``) and dtypes for the process that calls it; ``checkpoint_dtype``
@@ -135,7 +141,10 @@ class ExtractDevices:
         precision = self.embed_precision
         if precision == "auto":
             precision = "float16" if gpu else "float32"
-        return ResolvedDevices(dev, model_dtype, precision)
+        spans = (dev,)
+        if self.device_map is not None and gpu:
+            spans = tuple(f"cuda:{i}" for i in range(cuda_device_count()))
+        return ResolvedDevices(dev, model_dtype, precision, spans)
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,8 @@ class ResolvedDevices:
     model_dtype: str
     #: ``float16``, ``float32`` or ``int8``
     embed_precision: str
+    #: the devices the model's layers may run on: ``(device,)``, or with model.device_map every GPU the process sees
+    model_devices: tuple[str, ...] = ()
 
     @property
     def gpu(self) -> bool:
@@ -203,6 +214,9 @@ def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...], red
             _int8_on("cuda")
         if extract.device == "cuda" and runtime.cluster != "scheduler" and n_gpus == 0:
             raise BackendUnavailableError("extract.device: cuda, but no CUDA device is visible; use auto or cpu")
+        device_map = getattr(model, "device_map", None)
+        if device_map is not None:
+            check_device_map(device_map, extract.device, device, runtime)
     learn = resolve_learn_backend(runtime.learn_backend, n_gpus) if "learn" in stages else None
     multi = False
     if learn is not None and learn.gpu and _multi_gpu_fit(reduce, cluster):
@@ -210,7 +224,33 @@ def resolve_devices(extract, model, embed, runtime, stages: tuple[str, ...], red
             multi = (runtime.n_workers or n_gpus) > 1
         elif runtime.cluster == "scheduler":
             multi = True  # decided again at fit time from the GPU workers that joined
-    return DevicePlan(ExtractDevices(device, model.dtype, embed.precision), learn, multi, n_gpus)
+    extract_devices = ExtractDevices(device, model.dtype, embed.precision, getattr(model, "device_map", None))
+    return DevicePlan(extract_devices, learn, multi, n_gpus)
+
+
+def check_device_map(device_map: str, asked: str, device: str, runtime) -> None:
+    """``model.device_map`` spreads one model over every GPU its worker sees, so one worker must hold it: a
+    ``local-cuda`` cluster runs one worker (dask-cuda shows it every visible GPU), and so does a ``local`` one
+    extracting on GPUs (each of its workers sees every GPU of the machine and would load the model whole over them).
+    An external scheduler's workers are the user's to start one per node (docs/deployment.md, "A model larger than
+    one GPU"). ``extract.device: cpu`` asks for no GPU at all. Each refusal is a one-line JobConfigError (exit 2).
+    On a machine without a GPU (``device`` resolved to cpu from auto) the setting holds the model on the CPU."""
+    if asked == "cpu":
+        raise JobConfigError(
+            f"model.device_map: {device_map} spreads the model's layers over the GPUs, and extract.device is cpu; "
+            "leave model.device_map out, or set extract.device: auto"
+        )
+    if runtime.cluster == "local-cuda" and runtime.n_workers != 1:
+        raise JobConfigError(
+            f"runtime.n_workers: model.device_map ({device_map}) spreads one model over the node's GPUs, so "
+            "cluster local-cuda must run one worker, which then sees every visible GPU; set runtime.n_workers: 1"
+        )
+    if runtime.cluster == "local" and device == "cuda" and runtime.n_workers != 1:
+        raise JobConfigError(
+            f"runtime.n_workers: model.device_map ({device_map}) spreads one model over this machine's GPUs, and "
+            "every local worker would load it whole over them; set runtime.n_workers: 1 (or cluster: local-cuda "
+            "with n_workers: 1)"
+        )
 
 
 def _multi_gpu_fit(reduce, cluster) -> bool:
@@ -313,6 +353,26 @@ def gpu_ids(client) -> dict[str, str | None]:
         return dict(client.run(worker_gpu_id))
     except Exception:  # noqa: BLE001 - workers that cannot answer have no GPU to give the fit
         return {}
+
+
+def visible_gpu_names() -> list[str]:
+    """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (its entries where set, else 0..n-1): what a
+    campaign's ``--dask local --gpus G`` deals out in groups (rapids_attn.campaign.cluster)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [v.strip() for v in visible.split(",") if v.strip()]
+    return [str(i) for i in range(cuda_device_count())]
+
+
+def launching_on(tensor):
+    """A context under which kernels launched by hand (Triton's, which launch on the current CUDA device) run on the
+    GPU that holds ``tensor``: a layer of a model spread over GPUs (``model.device_map``) on a GPU other than the
+    process's current one. Nothing (a null context) where the tensor is on the current GPU, or not on a GPU."""
+    import torch
+
+    if not tensor.is_cuda or tensor.device.index in (None, torch.cuda.current_device()):
+        return contextlib.nullcontext()
+    return torch.cuda.device(tensor.device)
 
 
 def empty_device_cache() -> None:

@@ -113,6 +113,20 @@ class ModelConfig(Section):
     long_inputs: Literal["truncate", "windows"] = "truncate"
     #: content tokens two consecutive windows share (long_inputs: windows).
     window_overlap: int = Field(128, ge=0)
+    #: a model larger than one GPU: its layers spread over every GPU its worker sees, by transformers' (accelerate's)
+    #: strategy, ``auto`` / ``balanced`` (the same: even shares), or ``sequential`` (fill each GPU in turn); None
+    #: (the default) loads it whole onto the worker's one device. One worker then holds the model: local-cuda and
+    #: local need ``runtime.n_workers: 1`` (rapids_attn.devices.resolve_devices). Not part of the extraction key
+    #: (where the layers run does not change their maps), and left out of the job as written when unset, so the
+    #: keys of stores made before it existed stay the same.
+    device_map: Literal["auto", "balanced", "sequential"] | None = None
+
+    @model_serializer(mode="wrap")
+    def _device_map_when_set(self, handler):
+        out = handler(self)
+        if out.get("device_map") is None:
+            out.pop("device_map", None)
+        return out
 
 
 class ExtractConfig(Section):
@@ -518,4 +532,7 @@ def extraction_settings(job: dict, data_fingerprint: str = "", shard_size: int |
     # made with before issue 34 changed the default base, so those stores still match an unchanged job
     keep["extract"].update(attention_base="sdpa", attention_block_mb=64)
     keep["embed"] = {k: v for k, v in keep["embed"].items() if k != "batch_size"}
+    # nor over how many GPUs the model's layers are spread (model.device_map: the same maps, where extract.device is
+    # left out above)
+    keep["model"] = {k: v for k, v in keep["model"].items() if k != "device_map"}
     return keep

@@ -146,6 +146,13 @@ class TritonKernel:
         return None
 
     def run(self, layer: LayerAttention, sink, index: int, output: bool) -> torch.Tensor | None:
+        from rapids_attn.devices import launching_on
+
+        # Triton launches on the current CUDA device: a layer on another GPU (model.device_map) runs under its own
+        with launching_on(layer.query):
+            return self._run(layer, sink, index, output)
+
+    def _run(self, layer: LayerAttention, sink, index: int, output: bool) -> torch.Tensor | None:
         from rapids_attn.extract.fused import MaskSpec, fused_layer, pair_weights
 
         query, key = layer.query, layer.key
@@ -168,7 +175,7 @@ class TritonKernel:
             kv_heads,
             spec,
             layer.scale,
-            sink.kernel_inputs(),
+            sink.kernel_inputs(query.device),
             softcap=softcap,
             sinks=sinks,
             precision=self.precision_for(query.dtype),

@@ -13,6 +13,8 @@ detectors' own references, used only there, are in ``tests/detector_reference.py
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import unicodedata
 from dataclasses import dataclass
@@ -310,6 +312,11 @@ class LayerReducer:
     (no ``.item()``, no data-dependent shape). What depends on the token ids (the duplicate-token and induction
     pattern positions, the rows that have a target) is worked out on the host from the ids when the reducer is
     built, before the forward, and moved to the device once (:class:`_Patterns`); each block reads its slice.
+
+    A model spread over several GPUs (``model.device_map``) hands each layer's weights over on the GPU the layer runs
+    on: such a layer is reduced there, by a view of the reducer whose batch weights were copied to that GPU once
+    (:meth:`on`), and :meth:`end_layer` gathers its finished means to the reducer's own device, the outputs'. One
+    copy per GPU a batch, one of each finished layer: no block of weights crosses GPUs, and nothing waits for them.
     """
 
     def __init__(
@@ -357,6 +364,34 @@ class LayerReducer:
         self.patterns = _Patterns(np.asarray(host_ids), self._n_host, device)
         self._kernel_inputs = None  # kernel_inputs(), built on first use
         self._row_counts: torch.Tensor | None = None
+        self._views: dict[torch.device, LayerReducer] = {}  # on(): device -> this reducer's view there
+
+    def on(self, device) -> LayerReducer:
+        """The reducer that reduces a layer whose weights are on ``device``: this one where its batch weights are
+        there, else its view on that device (:meth:`view_on`, made on the batch's first layer there, then kept)."""
+        device = torch.device(device)
+        if device == self.batch.n_long.device:
+            return self
+        view = self._views.get(device)
+        if view is None:
+            view = self._views[device] = self.view_on(device)
+        return view
+
+    def view_on(self, device) -> LayerReducer:
+        """A view of this reducer on ``device``: the same outputs and per-layer sums (``_sums``: each layer's on the
+        device its rows came from), with the batch weights, pattern positions and offsets copied there (device to
+        device copies: the host does not wait for them), and caches of its own."""
+        device = torch.device(device)
+        view = copy.copy(self)
+        view.device = device
+        view.heads = self.heads.to(device)
+        view._offsets = self._offsets.to(device)
+        view.batch = self.batch.to(device)
+        view.patterns = self.patterns.to(device)
+        view._dist, view._dist_bytes = {}, 0
+        view._kernel_inputs = view._row_counts = None
+        view._views = {}
+        return view
 
     #: add_rows takes blocks of weights, or of softmax numerators with SoftmaxRows (the blocked capture's fast
     #: path); add_sums takes a fused kernel's sums over rows (rapids_attn.extract.kernels)
@@ -377,11 +412,14 @@ class LayerReducer:
         self.add_rows(layer, self.select_heads(weights), 0, selected=True)
         self.end_layer(layer)
 
-    def kernel_inputs(self):
+    def kernel_inputs(self, device=None):
         """What a fused kernel reduces this batch's maps against (:class:`rapids_attn.extract.fused.KernelInputs`),
         built once per batch from :class:`BatchWeights` with a fixed number of operations: the key columns (first,
         sep, punct, a real token, j), each example's ``R^T`` padded to a power of two, and the rows' weights (a real
-        row, 1 / log(keys seen), beyond the streaming set, the three repeat targets)."""
+        row, 1 / log(keys seen), beyond the streaming set, the three repeat targets). ``device``: the layer's
+        (model.device_map), where they are built from the view there (:meth:`on`)."""
+        if device is not None and (here := self.on(device)) is not self:
+            return here.kernel_inputs()
         if self._kernel_inputs is None:
             from rapids_attn.extract.fused import KEY_FEATURES, ROW_WEIGHTS, KernelInputs, pow2
 
@@ -418,6 +456,8 @@ class LayerReducer:
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
+        if (here := self.on(sums.sums.device)) is not self:  # a layer on another GPU (model.device_map)
+            return here.add_sums(layer, sums, pair_weights)
         self.kernel_inputs()
         x = sums.sums
         b, h = x.shape[0], x.shape[1]
@@ -504,6 +544,10 @@ class LayerReducer:
         pos = self.layer_pos.get(layer)
         if pos is None:
             return
+        if (here := self.on(block.device)) is not self:  # a layer on another GPU (model.device_map)
+            return here.add_rows(
+                layer, block, first_row, selected, row_entropy, row_max, softmax, example, log_seen, spans, sinks
+            )
         w = block if selected else self.select_heads(block)
         bs = slice(None) if example is None else slice(example, example + 1)
         n_host = self._n_host[bs]
@@ -831,6 +875,11 @@ class BatchWeights:
     def right(self) -> torch.Tensor:
         return self.right_rt[..., :5]
 
+    def to(self, device) -> BatchWeights:
+        """The same weights on ``device`` (:meth:`LayerReducer.on`)."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self) if f.name != "width"}
+        return dataclasses.replace(self, **moved)
+
     @classmethod
     def build(cls, lengths: np.ndarray, masks: TokenMasks, size: int, causal: bool, device) -> BatchWeights:
         t = masks.sep.shape[1]
@@ -923,6 +972,17 @@ class _Patterns:
             rows, entries = self._entries(0, len(ii))
             self._row_of_entries = rows
             self._all = tuple(torch.from_numpy(e).to(device) for e in entries)
+
+    def to(self, device) -> _Patterns:
+        """The same positions for a reducer on ``device`` (:meth:`LayerReducer.on`): the host arrays shared, the
+        device tensors copied there, and a cache of listed blocks of its own."""
+        other = copy.copy(self)
+        other.device = device
+        other.row_flags = self.row_flags.to(device)
+        if self.kept:
+            other._all = tuple(e.to(device) for e in self._all)
+        other._held, other._budget = {}, PAIRS_CACHE_BYTES
+        return other
 
     def _entries(self, p0: int, p1: int):
         """The entries of positions p0 .. p1 - 1 (row-major), sorted by row: (their rows, (example, row, key,

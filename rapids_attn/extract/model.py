@@ -354,7 +354,12 @@ def load_tokenizer(cfg):
 def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str = "sdpa"):
     """Load the weights in eval mode, on ``device`` in ``dtype`` (a torch dtype name; the device plan resolves
     ``model.dtype: auto``), with eager attention or, with ``attention`` auto or blocked where the model
-    supports it, the blocked capture over the ``base`` implementation (rapids_attn.extract.blocked)."""
+    supports it, the blocked capture over the ``base`` implementation (rapids_attn.extract.blocked).
+
+    With ``model.device_map`` (a model larger than one GPU) transformers places the layers itself, spread over every
+    GPU the process sees by that strategy (accelerate's hooks move each layer's inputs to its GPU), and the model is
+    not moved to ``device`` afterwards; ``device`` still takes the inputs and the capture's results (the capture
+    reduces each layer on the GPU it runs on, :class:`rapids_attn.extract.maps.LayerReducer`)."""
     import torch
     from safetensors import SafetensorError
 
@@ -370,6 +375,7 @@ def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str
             trust_remote_code=cfg.trust_remote_code,
             attn_implementation=want,
             dtype=getattr(torch, dtype),
+            **placement(cfg),
         )
     except (OSError, ValueError, SafetensorError) as e:
         raise ModelError(f"model.name: cannot load the weights of '{cfg.name}': {one_line(e)}") from None
@@ -380,7 +386,27 @@ def load_model(cfg, device: str, dtype: str, attention: str = "eager", base: str
         )
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False  # one forward per batch: a KV cache is memory and nothing else
+    if getattr(cfg, "device_map", None) is not None:  # placed by transformers: moving it would undo the spread
+        return model.eval()
     return model.eval().to(device)
+
+
+def placement(cfg) -> dict:
+    """``from_pretrained``'s placement arguments for ``model.device_map``: none where it is unset (the model is
+    loaded whole, then moved to the worker's device)."""
+    device_map = getattr(cfg, "device_map", None)
+    return {} if device_map is None else {"device_map": device_map}
+
+
+def model_devices(model) -> list[str]:
+    """The devices a loaded model's parameters are on, first the one its inputs go to (a model placed by
+    ``model.device_map`` lists each GPU it spans; a whole one, its device)."""
+    found: list[str] = []
+    for p in model.parameters():
+        d = str(p.device)
+        if d not in found:
+            found.append(d)
+    return found
 
 
 def _weight_file(source: str, name: str, cfg) -> Path | None:

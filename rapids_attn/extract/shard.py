@@ -119,7 +119,7 @@ class Extractor:
 
     def __init__(self, task: ShardTask):
         from rapids_attn.embed import build_embedder
-        from rapids_attn.extract.model import checkpoint_dtype, load_model, load_tokenizer
+        from rapids_attn.extract.model import checkpoint_dtype, load_model, load_tokenizer, model_devices
 
         self.extract_cfg = task.extract
         self.layout = task.layout
@@ -133,6 +133,9 @@ class Extractor:
         self.tokenizer = load_tokenizer(task.model)
         ecfg = task.extract
         self.model = load_model(task.model, self.device, dev.model_dtype, ecfg.attention, ecfg.attention_base)
+        # where the shards say they ran: the worker's device, or with model.device_map every device the model spans
+        spans = model_devices(self.model)
+        self.device_label = self.device if len(spans) <= 1 else ",".join(spans)
         n_layers = self.model.config.num_hidden_layers
         self.capture = AttentionCapture(self.model, n_layers)
         #: the blocked capture's kernel (extract.kernel: auto resolved for this worker's device)
@@ -319,7 +322,7 @@ class Extractor:
             n_truncated=int(sum(tok.truncated)),
             n_windowed=len(long),
             n_tokens=int(sum(tok.lengths)),
-            device=self.device,
+            device=self.device_label,
             worker=f"{os.uname().nodename}:{os.getpid()}",
             seconds=seconds,
             causal=self.causal,

@@ -147,7 +147,7 @@ class WindowSink:
         self.block_bytes = reducer.block_bytes
         self.head_list = reducer.head_list
         self.n = plan.n_tokens
-        dev = reducer.device
+        dev = self._device = torch.device(reducer.device)
         self._windows = [(w.positions.to(dev), w.owned.to(dev)) for w in plan.windows]
         # the content each window's rows saw, and the window's first tokens (what the model read as its start:
         # [CLS] and the first content tokens, or the first content tokens alone): the streaming and retrieval
@@ -190,6 +190,10 @@ class WindowSink:
         if not self.reducer.wants(layer):
             return
         w = block if selected else self.reducer.select_heads(block)
+        if w.device != self._device:  # a layer on another GPU (model.device_map): its rows to the reducer's
+            w = w.to(self._device)
+            row_entropy = None if row_entropy is None else row_entropy.to(self._device)
+            row_max = None if row_max is None else row_max.to(self._device)
         rows = w.shape[2]
         for j, k in enumerate(self.chunk):
             pos, owned = self._windows[k]
