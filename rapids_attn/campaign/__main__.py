@@ -3,6 +3,9 @@
 - ``run [--index I ...] [--parallel N] [--force]``: the runs (all, or those indices), skipping the finished ones;
   a failing run stops nothing else. Exit 0 when every run asked for is done, 1 when one failed, 2 for a bad
   campaign file (one line, nothing run).
+- ``run --dask ADDRESS|SCHEDULER_FILE|local[:N] [--gpus G] [--tls FOLDER] [--plain-tcp]``: the runs as tasks of one
+  shared Dask cluster, one run per worker at a time, each inside its worker's CPUs or GPU group
+  (:mod:`rapids_attn.campaign.cluster`); the same records, logs, states and exit codes.
 - ``status [--json]``: each run's state (done, running, failed with its one-line error, interrupted, stale,
   pending).
 - ``merge [--reference MODEL]``: the done runs merged into ``OUT/atlas/`` (heads, matches to the reference model,
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rapids_attn.errors import UserError
 
@@ -31,6 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--index", type=int, nargs="+", help="only these runs (a batch scheduler's array index)")
     r.add_argument("--parallel", type=int, default=1, help="runs at once on this machine (default 1)")
     r.add_argument("--force", action="store_true", help="run finished runs again")
+    r.add_argument(
+        "--dask",
+        metavar="ADDRESS|local[:N]",
+        help="run them on one Dask cluster: a scheduler's address (tls://host:8786) or file, or local:N (N workers "
+        "here); one run per worker at a time",
+    )
+    r.add_argument(
+        "--gpus", type=int, default=0, help="with --dask: GPUs per run (each worker's GPU group; default: CPU runs)"
+    )
+    r.add_argument("--tls", type=Path, help="with --dask ADDRESS: the cluster's TLS folder (python -m rapids_attn.tls)")
+    r.add_argument("--plain-tcp", action="store_true", help="with --dask ADDRESS: join a tcp:// scheduler unencrypted")
     s = sub.add_parser("status", help="each run's state")
     s.add_argument("--json", action="store_true", help="as JSON")
     m = sub.add_parser("merge", help="merge the done runs into one head atlas")
@@ -55,7 +70,18 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"--index: {bad[0]} is not a run of this campaign (0-{len(c.runs) - 1})")
             if args.parallel < 1:
                 raise UserError("--parallel: at least 1")
-            states = run_tasks(c, args.index, args.parallel, args.force, say=lambda s: print(s, flush=True))
+            say = lambda s: print(s, flush=True)
+            if args.dask is None:
+                if args.gpus or args.tls or args.plain_tcp:
+                    raise UserError("--gpus, --tls and --plain-tcp go with --dask")
+                states = run_tasks(c, args.index, args.parallel, args.force, say=say)
+            else:
+                from rapids_attn.campaign.cluster import parse_target, run_on_cluster
+
+                if args.parallel != 1:
+                    raise UserError("--parallel: not with --dask (the cluster's workers run one run each at a time)")
+                target = parse_target(args.dask, args.gpus, args.tls, args.plain_tcp)
+                states = run_on_cluster(c, args.index, target, args.force, say=say)
             failed = [s for s in states if s.state == FAILED]
             done = sum(s.state == DONE for s in states)
             print(f"campaign {c.spec.name}: {done} of {len(states)} runs done, {len(failed)} failed")

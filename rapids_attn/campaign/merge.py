@@ -15,7 +15,9 @@ every run's store and head_classes.json read once, so time and memory grow linea
 - ``maps.parquet`` and ``clusters.json``: one clustering of a sample of every run's maps together (the same
   number from each run, their stored embeddings: runs of one embedder only), so that a cluster means the same in
   every model; per cluster, each model's share of its sampled maps and the cluster's mean relative depth;
-- ``atlas.json``: what was merged, what was left out and why (a run not done), and where each run's KV exports are.
+- ``atlas.json``: what was merged, what was left out and why (a run not done), and where each run's KV exports are;
+- ``report.html`` and ``explorer.html``: the atlas's static report and interactive explorer, written from the files
+  above alone (:mod:`rapids_attn.campaign.atlas_report`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from rapids_attn.campaign.plan import Campaign
+from rapids_attn.kvheads.evidence import LABELS as CLASSES  # the head classes, in head_classes.json's order
 
 FOLDER = "atlas"
 DEPTH_BINS = 4
-CLASSES = ("retrieval", "streaming", "sink", "other", "not_applicable")
 
 
 def _classes(run_dir: Path) -> dict[tuple[int, int], dict]:
@@ -50,6 +52,7 @@ def merge(
     import pyarrow.parquet as pq
     import zarr
 
+    from rapids_attn.campaign import atlas_report
     from rapids_attn.campaign.match import head_profiles, layer_similarity, match_heads, match_within_layers
     from rapids_attn.campaign.tasks import DONE, state_of
     from rapids_attn.errors import UserError
@@ -162,7 +165,8 @@ def merge(
         "kv_exports": exports,
         "joint_clusters": {k: v for k, v in clusters.items() if k != "clusters"},
         "files": ["heads.parquet", "matches.parquet", "layers.json", "families.json"]
-        + (["maps.parquet", "clusters.json"] if map_rows else []),
+        + (["maps.parquet", "clusters.json"] if map_rows else [])
+        + [atlas_report.REPORT, atlas_report.EXPLORER],
     }
     out = c.out / FOLDER
     c.out.mkdir(parents=True, exist_ok=True)
@@ -179,6 +183,8 @@ def merge(
             pq.write_table(pa.table(map_rows), stage / "maps.parquet")
             (stage / "clusters.json").write_text(json.dumps(clusters, indent=1))
         (stage / "atlas.json").write_text(json.dumps(doc, indent=1))
+        atlas_report.write_report(stage)  # from the staged files alone, so the folder appears whole or not at all
+        say(f"atlas: wrote {atlas_report.REPORT} and {atlas_report.EXPLORER}")
         if out.exists():
             shutil.rmtree(out)
         stage.rename(out)

@@ -93,11 +93,15 @@ class Run:
     dataset: CampaignDataset
     run_dir: Path
     overrides: tuple[str, ...]
+    #: the run's settings as the campaign file writes them (paths relative to it, no output folder): what
+    #: :attr:`spec_hash` hashes, so that the campaign's folder moved, or mounted elsewhere on another node, leaves
+    #: its finished runs done
+    written: tuple[str, ...] = ()
 
     @property
     def spec_hash(self) -> str:
         """What the run is asked to be: a finished run whose record holds another hash is stale."""
-        return hashlib.sha256("\n".join(self.overrides).encode()).hexdigest()[:16]
+        return hashlib.sha256("\n".join(self.written or self.overrides).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -175,7 +179,10 @@ def load_campaign(path: str | Path, validate_jobs: bool = True) -> Campaign:
                 "output.dir": str(run_dir),
             }
             overrides = tuple(f"{k}={_value(v)}" for k, v in sets.items())
-            runs.append(Run(len(runs), label, m, d, run_dir, overrides))
+            written = {"job": spec.job, **spec.set, **data, **m.set, "model.name": m.name}
+            runs.append(
+                Run(len(runs), label, m, d, run_dir, overrides, tuple(f"{k}={_value(v)}" for k, v in written.items()))
+            )
     campaign = Campaign(path.resolve(), spec, job, out, runs)
     if validate_jobs:
         for r in runs:

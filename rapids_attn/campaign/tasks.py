@@ -3,10 +3,14 @@ them: in sequence on one machine, several at once (``--parallel``), or one task 
 scheduler (``run --index $SLURM_ARRAY_TASK_ID``; :mod:`rapids_attn.campaign.scripts`).
 
 A task runs ``python -m rapids_attn.run`` on its run's job in a process of its own, so a model that fails (or
-crashes its process) stops nothing else; its output goes to ``logs/<index>.log``, and its record
-``tasks/<index>.json`` says when it started and ended, its exit code and, for a failure, the run's one-line error.
+crashes its process) stops nothing else; its output goes to ``logs/<model>/<dataset>.log``, and its record
+``tasks/<model>/<dataset>.json`` says when it started and ended, its exit code and, for a failure, the run's one-line error.
 The run directory is the run's own, content-keyed as any run's: an interrupted task is resumed by running it
 again (finished shards kept), and a task whose record says it finished with the same spec is skipped.
+
+On a shared Dask cluster (``run --dask``; :mod:`rapids_attn.campaign.cluster`) each task is this same
+:func:`run_task`, called on a Dask worker with that worker's allotment: ``overrides`` (its share of the worker's
+CPUs, or its GPU group's size), ``env`` (``CUDA_VISIBLE_DEVICES``: its GPU group) and ``record`` (the worker).
 """
 
 from __future__ import annotations
@@ -26,20 +30,27 @@ from rapids_attn.campaign.plan import Campaign, Run
 DONE, RUNNING, FAILED, STALE, INTERRUPTED, PENDING = "done", "running", "failed", "stale", "interrupted", "pending"
 
 
-def _record_path(c: Campaign, r: Run) -> Path:
-    return c.tasks_dir / f"{r.index}.json"
+def record_path(c: Campaign, r: Run) -> Path:
+    """``tasks/<model>/<dataset>.json``: named by the run's label, not its index, so that a model or dataset added to
+    the campaign file (which moves the indices after it) leaves every finished run's record with its run."""
+    return c.tasks_dir / f"{r.label}.json"
+
+
+def log_path(c: Campaign, r: Run) -> Path:
+    """``logs/<model>/<dataset>.log``, by label as the record."""
+    return c.logs_dir / f"{r.label}.log"
 
 
 def read_record(c: Campaign, r: Run) -> dict | None:
     try:
-        return json.loads(_record_path(c, r).read_text())
+        return json.loads(record_path(c, r).read_text())
     except (OSError, ValueError):
         return None
 
 
 def _write_record(c: Campaign, r: Run, rec: dict) -> None:
-    c.tasks_dir.mkdir(parents=True, exist_ok=True)
-    path = _record_path(c, r)
+    path = record_path(c, r)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
     tmp.replace(path)
@@ -84,15 +95,27 @@ def state_of(c: Campaign, r: Run) -> TaskState:
     return TaskState(r, DONE, f"in {rec.get('seconds', 0):.0f} s")
 
 
-def run_task(c: Campaign, r: Run, force: bool = False) -> TaskState:
-    """Run one task (skipped when done, unless ``force``); returns its state after."""
+def run_task(
+    c: Campaign,
+    r: Run,
+    force: bool = False,
+    *,
+    env: dict[str, str | None] | None = None,
+    overrides: tuple[str, ...] | list[str] = (),
+    record: dict | None = None,
+) -> TaskState:
+    """Run one task (skipped when done, unless ``force``); returns its state after.
+
+    ``overrides`` go after the run's own (``--set``: where it runs, not what it is: the run's spec hash is its
+    own overrides'), ``env`` into its process's environment (None removes a variable), ``record`` into its task
+    record (who ran it); all three are the Dask mode's allotment and are written to the record."""
     before = state_of(c, r)
     if before.state == DONE and not force:
         return before
     if before.state == RUNNING:
         return before
-    c.logs_dir.mkdir(parents=True, exist_ok=True)
-    log = c.logs_dir / f"{r.index}.log"
+    log = log_path(c, r)
+    log.parent.mkdir(parents=True, exist_ok=True)
     rec = {
         "index": r.index,
         "label": r.label,
@@ -102,16 +125,27 @@ def run_task(c: Campaign, r: Run, force: bool = False) -> TaskState:
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "rc": None,
+        **(record or {}),
     }
+    if overrides:
+        rec["overrides_added"] = list(overrides)
+    if env:
+        rec["env"] = dict(env)
     _write_record(c, r, rec)
     cmd = [sys.executable, "-m", "rapids_attn.run", str(c.job)]
-    for o in r.overrides:
+    for o in (*r.overrides, *overrides):
         cmd += ["--set", o]
+    proc_env = None
+    if env:
+        proc_env = {**os.environ, **{k: v for k, v in env.items() if v is not None}}
+        for k in [k for k, v in env.items() if v is None]:
+            proc_env.pop(k, None)
+    shown = "".join(f"{k}={v} " for k, v in (env or {}).items() if v is not None)
     t0 = time.perf_counter()
     with open(log, "w", encoding="utf-8") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
+        f.write("$ " + shown + " ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=proc_env, check=False).returncode
     rec.update(
         rc=rc,
         seconds=round(time.perf_counter() - t0, 1),

@@ -67,12 +67,12 @@ def test_a_campaign_runs_resumes_and_reports(campaign, capsys):
         summary = json.loads((path.parent / "out" / "runs" / label / "docs" / "summary.json").read_text())
         assert summary["counts"]["examples"] == 6
     # a finished run is skipped: its record and log stay as they were
-    log = path.parent / "out" / "logs" / "0.log"
+    log = path.parent / "out" / "logs" / "gpt2" / "docs.log"
     before = log.stat().st_mtime_ns
     assert main([str(path), "run", "--index", "0"]) == 0
     assert log.stat().st_mtime_ns == before
     # a killed task (a record that never ended) reads as interrupted, and running it again finishes it
-    rec_path = path.parent / "out" / "tasks" / "1.json"
+    rec_path = path.parent / "out" / "tasks" / "llama" / "docs.json"
     rec = json.loads(rec_path.read_text())
     rec_path.write_text(json.dumps({**rec, "rc": None}))
     assert _status(capsys, path)["llama/docs"]["state"] == "interrupted"
@@ -85,6 +85,24 @@ def test_a_campaign_runs_resumes_and_reports(campaign, capsys):
         assert _status(capsys, path)["gpt2/docs"]["state"] == "stale"
     finally:
         _write(path, doc)
+    # a model added at the front moves every index after it: the records follow their runs (named by label)
+    _write(path, {**doc, "models": [{"name": "tiny-new", "label": "new"}, *doc["models"]]})
+    try:
+        st = _status(capsys, path)
+        assert st["new/docs"]["state"] == "pending" and st["gpt2/docs"]["state"] == "done"
+        assert st["llama/docs"]["state"] == "done" and st["missing/docs"]["state"] == "failed"
+    finally:
+        _write(path, doc)
+    # the campaign's folder moved (or mounted elsewhere on another node): its runs are still done
+    import shutil
+
+    moved = path.parent.parent / (path.parent.name + "-moved")
+    shutil.copytree(path.parent, moved)
+    try:
+        st = _status(capsys, moved / path.name)
+        assert st["gpt2/docs"]["state"] == "done" and st["llama/docs"]["state"] == "done"
+    finally:
+        shutil.rmtree(moved)
     # the merge: the done runs' heads in one table, each matched to the reference model's (gpt2, the first)
     import pyarrow.parquet as pq
 
@@ -182,16 +200,18 @@ def test_parallel_tasks_run_at_once_and_report_in_index_order(campaign, monkeypa
 
 
 def test_the_example_campaign_validates():
-    """jobs/campaigns/minilm.yaml: its four runs' jobs validate; paths are the campaign file's."""
+    """jobs/campaigns/minilm.yaml: its eight runs' jobs (four models x two data samples) validate; paths are the
+    campaign file's."""
     from helpers import REPO
 
     c = load_campaign(REPO / "jobs" / "campaigns" / "minilm.yaml")
     assert [r.label for r in c.runs] == [
-        "minilm/squad300",
-        "minilm-squad/squad300",
-        "minilm-squad-seed1/squad300",
-        "minilm-squad-seed2/squad300",
+        f"{m}/{d}"
+        for m in ("minilm", "minilm-squad", "minilm-squad-seed1", "minilm-squad-seed2")
+        for d in ("squad300", "squad300r")
     ]
     sets = dict(o.split("=", 1) for o in c.runs[0].overrides)
     assert sets["data.limit"] == "300" and sets["model.name"] == "minilm-l6"
+    other = dict(o.split("=", 1) for o in c.runs[1].overrides)
+    assert other["data.sample"] == "300" and other["data.seed"] == "1" and "data.limit" not in other
     assert c.out.resolve() == (REPO / "runs" / "campaign-minilm").resolve()
