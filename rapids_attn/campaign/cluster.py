@@ -289,7 +289,7 @@ def _describe_worker(gpus: int) -> dict:
     return info
 
 
-def allotment(r: Run, gpus: int, cpus_share: int, mark: str) -> tuple[dict, list[str]]:
+def allotment(c_job: Path, r: Run, gpus: int, cpus_share: int, mark: str) -> tuple[dict, list[str]]:
     """The environment and the overrides of ``r`` on this worker (see the module's doc)."""
     nanny = _nanny_env_keys()
     env: dict[str, str | None] = {k: None for k, v in nanny.items() if os.environ.get(k) == v}
@@ -303,7 +303,23 @@ def allotment(r: Run, gpus: int, cpus_share: int, mark: str) -> tuple[dict, list
         wanted = {"runtime.cluster": "local", "runtime.n_workers": str(cpus_share), "runtime.threads_per_worker": "1"}
     if "runtime.cluster" not in set_by_campaign:
         sets = [f"{k}={v}" for k, v in wanted.items() if k not in set_by_campaign]
+        sets += _unjoin(c_job, r)
     return env, sets
+
+
+def _unjoin(job: Path, r: Run) -> list[str]:
+    """Where the run's job joins a scheduler of its own (``runtime.cluster: scheduler``), the settings that only
+    go with that, cleared: the run now starts its cluster inside its worker's share instead."""
+    from rapids_attn.errors import JobConfigError
+    from rapids_attn.jobfile import load_job
+
+    try:
+        rt = load_job(job, list(r.overrides)).runtime
+    except JobConfigError:  # the run itself says what is wrong with its job, in its record
+        return []
+    if rt.cluster != "scheduler":
+        return []
+    return ["runtime.address=null", "runtime.scheduler_file=null", "runtime.tls=null", "runtime.plain_tcp=false"]
 
 
 def run_on_worker(c: Campaign, r: Run, force: bool, gpus: int, shares: dict[str, int], mark: str):
@@ -315,7 +331,7 @@ def run_on_worker(c: Campaign, r: Run, force: bool, gpus: int, shares: dict[str,
 
     worker = get_worker()
     share = shares.get(worker.address) or available_cpus()
-    env, sets = allotment(r, gpus, share, mark)
+    env, sets = allotment(c.job, r, gpus, share, mark)
     record = {"worker": worker.address, "worker_name": str(worker.name), "mode": "dask"}
     st = tasks.run_task(c, r, force, env=env, overrides=sets, record=record)
     return st, worker.address

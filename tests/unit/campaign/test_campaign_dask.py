@@ -157,12 +157,13 @@ def test_gpu_groups_each_worker_its_own(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     target = dask_mode.parse_target("local", gpus=2)
     path = _campaign(tmp_path, [{"name": "a"}])
-    r = load_campaign(path, validate_jobs=False).runs[0]
+    c = load_campaign(path, validate_jobs=False)
+    r = c.runs[0]
     with dask_mode.campaign_client(target) as (client, where):
         assert where == "a local cluster of 2 GPU group(s) of 2: 0,1; 2,3"
         shares = dask_mode.check_workers(client, 2)
         assert len(shares) == 2
-        got = client.run(dask_mode.allotment, r, 2, 1, "m")
+        got = client.run(dask_mode.allotment, c.job, r, 2, 1, "m")
         slots = client.run(lambda dask_worker: dict(dask_worker.state.total_resources))
     assert sorted(env["CUDA_VISIBLE_DEVICES"] for env, _ in got.values()) == ["0,1", "2,3"]
     for env, sets in got.values():
@@ -171,6 +172,33 @@ def test_gpu_groups_each_worker_its_own(tmp_path, monkeypatch):
     assert all(v == {dask_mode.SLOT: 1} for v in slots.values())
     with pytest.raises(UserError, match="at most local:2"):
         dask_mode.gpu_groups(["0", "1", "2", "3"], 2, 3)
+
+
+def test_a_job_that_joins_a_scheduler_runs_inside_its_worker_instead(tmp_path):
+    """A job with ``runtime.cluster: scheduler`` (its own address): on a campaign's worker the run starts a local
+    cluster in the worker's share, and the settings that only go with joining are cleared, so the job validates."""
+    from rapids_attn.jobfile import load_job
+
+    data = write_jsonl(tmp_path / "docs.jsonl", repeated_rows(2, 2))
+    job = make_job(tmp_path, "placeholder", data)
+    job["runtime"] = {"cluster": "scheduler", "address": "tcp://10.0.0.9:8786", "plain_tcp": True}
+    path = _campaign(tmp_path, [{"name": "a"}], job=job)
+    c = load_campaign(path, validate_jobs=False)
+    _, sets = dask_mode.allotment(c.job, c.runs[0], 0, 2, "m")
+    assert sets[:3] == ["runtime.cluster=local", "runtime.n_workers=2", "runtime.threads_per_worker=1"]
+    assert "runtime.address=null" in sets and "runtime.plain_tcp=false" in sets
+    rt = load_job(c.job, [*c.runs[0].overrides, *sets]).runtime
+    assert (rt.cluster, rt.address, rt.plain_tcp, rt.n_workers) == ("local", None, False, 2)
+    # a job with a local cluster of its own gets the worker's share only
+    assert dask_mode._unjoin(tmp_path / "job.yaml", c.runs[0]) != []
+    job["runtime"] = {"cluster": "local"}
+    path = _campaign(tmp_path, [{"name": "a"}], job=job)
+    c = load_campaign(path, validate_jobs=False)
+    assert dask_mode.allotment(c.job, c.runs[0], 0, 2, "m")[1] == [
+        "runtime.cluster=local",
+        "runtime.n_workers=2",
+        "runtime.threads_per_worker=1",
+    ]
 
 
 def test_workers_that_would_share_a_gpu_are_refused():
