@@ -52,7 +52,9 @@ def table(head: list[str], rows: list[list]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="SQuAD-format file (default: ../shared/data/...)")
-    ap.add_argument("--examples", type=int, default=64, help="examples for the pipeline and bare-forward cases")
+    ap.add_argument(
+        "--examples", type=int, default=None, help="examples for the pipeline and bare-forward cases (default 64)"
+    )
     ap.add_argument(
         "--naive-examples",
         type=int,
@@ -67,33 +69,40 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--model", default="minilm-l6")
-    ap.add_argument("--fit-sizes", default="10000,100000,1000000")
+    ap.add_argument("--fit-sizes", default=None, help="maps for the fit cases (default 10000,100000,1000000)")
     ap.add_argument(
         "--repeats",
         type=int,
         default=None,
-        help="rounds (default 3; 2 with --quick): each runs the short cases (pipeline, bare forward, pooled) over "
+        help="rounds (default 3; 1 with --quick): each runs the short cases (pipeline, bare forward, pooled) over "
         "all the examples and the naive and matched cases over a 1/repeats share of them; the short "
         "cases report their median run, the naive and matched ones their sum",
     )
     ap.add_argument(
         "--input-size",
         type=int,
-        default=224,
-        help="the CNN's input side for the naive baseline and the matched runs (the prior work: 224)",
+        default=None,
+        help="the CNN's input side for the naive baseline and the matched runs (default 224, the prior work's)",
     )
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes: a smoke run of every case (8 examples, 2 for the naive baseline, a 2,000-map fit, "
-        "two rounds, the CNN at 64 pixels)",
+        help="a smoke run: every case once, at its smallest size (the defaults become 2 examples for every case, "
+        "one round, a 2,000-map fit, the CNN at 64 pixels); no second size or variant of the pipeline case "
+        "(no 4x memory run, no pooled embedder, no worker scaling)",
     )
     ap.add_argument("--out", default="bench.json")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.examples, args.naive_examples, args.fit_sizes, args.input_size = 8, 2, "2000", 64
+    # --quick changes the defaults only: a size given on the command line stays
+    for key, full, quick in (
+        ("examples", 64, 2),
+        ("fit_sizes", "10000,100000,1000000", "2000"),
+        ("input_size", 224, 64),
+    ):
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
     if args.repeats is None:
-        args.repeats = 2 if args.quick else 3
+        args.repeats = 1 if args.quick else 3
     if args.naive_examples is None:
         args.naive_examples = args.examples
     if not Path(args.data).is_file():
@@ -124,19 +133,23 @@ def _run(args) -> int:
     }
     if args.device == "cpu":
         kinds["matched_int8"] = {**matched, "precision": "int8"}
-    for key in ("pipeline_runs", "bare_runs", "pooled_runs", *(k + "_runs" for k in kinds)):
+    # the pooled embedder is the pipeline case once more with another embedder: a smoke run does without
+    short = ("pipeline_runs", "bare_runs") if args.quick else ("pipeline_runs", "bare_runs", "pooled_runs")
+    for key in (*short, *(k + "_runs" for k in kinds)):
         R[key] = []
     for i in range(max(1, args.repeats)):
         R["pipeline_runs"].append(run_case({**base, "case": "pipeline", "examples": n}))
         R["bare_runs"].append(run_case({**base, "case": "bare", "examples": n}))
-        R["pooled_runs"].append(run_case({**base, "case": "pipeline", "examples": n, "embed": "pooled"}))
+        if "pooled_runs" in R:
+            R["pooled_runs"].append(run_case({**base, "case": "pipeline", "examples": n, "embed": "pooled"}))
         if i < len(segments):  # (fewer examples than rounds: fewer segments)
             path, count = segments[i]
             for key, spec in kinds.items():
                 R[key + "_runs"].append(run_case({**base, **spec, "data": path, "examples": count}))
     R["pipeline"] = _median(R["pipeline_runs"], _map_rate)
     R["bare"] = _median(R["bare_runs"], lambda b: b["maps"] / b["seconds"])
-    R["pooled"] = _median(R["pooled_runs"], _map_rate)
+    if "pooled_runs" in R:
+        R["pooled"] = _median(R["pooled_runs"], _map_rate)
     R["naive"] = _sum_naive(R["naive_runs"])
     for key in kinds:
         if key != "naive":
@@ -149,13 +162,16 @@ def _run(args) -> int:
                 "b": [c["run_dir"] for c in R["matched_int8_runs"]],
             }
         )
-    R["pipeline_4x"] = run_case({**base, "case": "pipeline", "examples": 4 * n})
+    if not args.quick:  # the same case at 4x the examples: a second size, which a smoke run does without
+        R["pipeline_4x"] = run_case({**base, "case": "pipeline", "examples": 4 * n})
     R["defaults_small"] = R["pipeline"] if nn == n else run_case({**base, "case": "pipeline", "examples": nn})
+    # the capture cases' one batch: at least 8 examples (at --quick's 2, what the hooks save is within the noise)
     R["capture"] = [
-        run_case({**base, "case": "capture", "examples": n, "mode": m, "batch": 32})
+        run_case({**base, "case": "capture", "examples": max(n, 8), "mode": m, "batch": 32})
         for m in ("hooks", "output_attentions")
     ]
-    R["workers"] = [run_case({**base, "case": "pipeline", "examples": n, "workers": w}) for w in (1, 2)]
+    if not args.quick:  # the pipeline case in worker processes, at two counts: a scaling run, not a smoke run's
+        R["workers"] = [run_case({**base, "case": "pipeline", "examples": n, "workers": w}) for w in (1, 2)]
     R["fit"] = [run_case({"case": "fit", "n": int(s), "backend": "cpu"}) for s in args.fit_sizes.split(",")]
     if args.device == "cuda":
         R["fit_gpu"] = [run_case({"case": "fit", "n": int(s), "backend": "gpu"}) for s in args.fit_sizes.split(",")]
@@ -363,22 +379,15 @@ def report(R: dict) -> str:
         )
     )
 
-    p4 = R["pipeline_4x"]
+    p4 = R.get("pipeline_4x")  # not in a --quick run
     cap = {c["mode"]: c for c in R["capture"]}
     out.append("\n### Memory\n")
-    out.append(
-        table(
-            ["run", "peak RSS", "ratio"],
-            [
-                [f"job over {p['examples']} examples", mb(p["peak_rss"]), "1.00"],
-                [
-                    f"job over {p4['examples']} examples (4x)",
-                    mb(p4["peak_rss"]),
-                    f"{p4['peak_rss'] / p['peak_rss']:.2f}",
-                ],
-            ],
+    mem_rows = [[f"job over {p['examples']} examples", mb(p["peak_rss"]), "1.00"]]
+    if p4:
+        mem_rows.append(
+            [f"job over {p4['examples']} examples (4x)", mb(p4["peak_rss"]), f"{p4['peak_rss'] / p['peak_rss']:.2f}"]
         )
-    )
+    out.append(table(["run", "peak RSS", "ratio"], mem_rows))
     h, o = cap.get("hooks"), cap.get("output_attentions")
     if h and o:
         out.append(
@@ -393,21 +402,22 @@ def report(R: dict) -> str:
         )
 
     out.append("\n### Scale\n")
-    w = R["workers"]
-    out.append(
-        table(
-            ["workers", "extract wall (s)", "maps/s (wall)", "speed-up"],
-            [
+    w = R.get("workers")  # not in a --quick run
+    if w:
+        out.append(
+            table(
+                ["workers", "extract wall (s)", "maps/s (wall)", "speed-up"],
                 [
-                    c["spec"]["workers"],
-                    f"{c['seconds']['extract']:.1f}",
-                    f"{c['maps'] / c['seconds']['extract']:,.0f}",
-                    f"{w[0]['seconds']['extract'] / c['seconds']['extract']:.2f}x",
-                ]
-                for c in w
-            ],
+                    [
+                        c["spec"]["workers"],
+                        f"{c['seconds']['extract']:.1f}",
+                        f"{c['maps'] / c['seconds']['extract']:,.0f}",
+                        f"{w[0]['seconds']['extract'] / c['seconds']['extract']:.2f}x",
+                    ]
+                    for c in w
+                ],
+            )
         )
-    )
     fit_rows = [
         [f"{c['n']:,}", c["backend"], f"{c['pca']:.2f}", f"{c['kmeans']:.2f}", f"{c['total']:.2f}"]
         for c in R["fit"] + R.get("fit_gpu", [])

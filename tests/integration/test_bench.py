@@ -16,9 +16,11 @@ from helpers import REPO, SHARED_SQUAD
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_quick_benchmark_runs_every_case(tmp_path):
-    """Every case in its own process, once (one round: how rounds deal the naive and matched cases their
-    segments and add them up is test_rounds_deal_the_segments_and_add_up's, without processes). Every
-    case's run folder lies in one scratch folder that is gone at the end: nothing is left in TMPDIR."""
+    """Every case in its own process, once, at --quick's sizes (one round of 2 examples, the capture cases' batch
+    of 8). How rounds deal the naive and matched cases their segments and add them up is
+    test_rounds_deal_the_segments_and_add_up's, and every table's rows and ratios tests/unit/test_bench_report.py's,
+    without processes. Every case's run folder lies in one scratch folder that is gone at the end: nothing is
+    left in TMPDIR."""
     out = tmp_path / "bench.json"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -28,8 +30,6 @@ def test_quick_benchmark_runs_every_case(tmp_path):
             "-m",
             "benchmarks",
             "--quick",
-            "--repeats",
-            "1",
             "--data",
             str(SHARED_SQUAD),
             "--out",
@@ -47,23 +47,21 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     R = json.loads(out.read_text())
     for key in (
         "pipeline",
-        "pipeline_4x",
         "bare",
         "naive",
         "matched",
         "matched_int8",
         "int8_fidelity",
         "defaults_small",
-        "pooled",
         "capture",
-        "workers",
         "fit",
         "codec",
     ):
         assert key in R, key
+    assert not {"pipeline_4x", "pooled", "workers"} & set(R)  # a full run's second size and variants
     pipe, naive = R["pipeline"], R["naive"]
     assert pipe["maps"] == pipe["examples"] * 6 * 12  # MiniLM: every example x layer x head
-    assert R["pipeline_4x"]["examples"] == 4 * pipe["examples"]
+    assert R["defaults_small"] == pipe and pipe["run_dir"] in R["codec"]["spec"]["store"]
     # one round: the naive and matched cases ran once, on the same segment (all the naive examples)
     assert len(R["naive_runs"]) == len(R["matched_runs"]) == len(R["pipeline_runs"]) == 1
     assert naive["examples"] == 2 and [c["examples"] for c in R["naive_runs"]] == [2]
@@ -87,7 +85,7 @@ def test_quick_benchmark_runs_every_case(tmp_path):
     assert fid["maps"] == naive["maps"] and fid["cos_mean"] > 0.99
     # hooks hold less than output_attentions for the same batch
     cap = {c["mode"]: c for c in R["capture"]}
-    assert cap["hooks"]["batch"] == cap["output_attentions"]["batch"]
+    assert cap["hooks"]["batch"] == cap["output_attentions"]["batch"] == 8
     assert cap["hooks"]["peak_over_base"] < cap["output_attentions"]["peak_over_base"]
     # the printed report has every table
     for title in (
@@ -116,11 +114,13 @@ def test_segments_deal_the_sampled_examples_out_once_each(tmp_path):
     assert all(e == by_id[e.id] for part in parts for e in part)  # question, context, title, label kept
 
 
-def test_rounds_deal_the_segments_and_add_up(tmp_path, monkeypatch):
-    """python -m benchmarks --quick's orchestration with a stand-in for each case's process: two rounds, the short
+@pytest.mark.parametrize("quick", [True, False])
+def test_rounds_deal_the_segments_and_add_up(tmp_path, monkeypatch, quick):
+    """python -m benchmarks's orchestration with a stand-in for each case's process: two rounds, the short
     cases once per round over all the examples, the naive and matched cases once per segment (each round its
-    own, the same for every kind), their sums over the segments, the fidelity case on the matched runs' folders,
-    and the CNN at --quick's 64 pixels. The real cases run once each in test_quick_benchmark_runs_every_case."""
+    own, the same for every kind), their sums over the segments, the fidelity case on the matched runs' folders;
+    --quick's CNN at 64 pixels and no 4x, pooled or worker runs, a full run's all of them. The real cases run
+    once each in test_quick_benchmark_runs_every_case."""
     import benchmarks.__main__ as bench
 
     calls = []
@@ -139,22 +139,30 @@ def test_rounds_deal_the_segments_and_add_up(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "report", lambda R: "")
     data = REPO / "rapids_attn" / "data" / "quickstart.json"
     out = tmp_path / "bench.json"
-    assert bench.main(["--quick", "--data", str(data), "--out", str(out)]) == 0
+    sizes = ["--repeats", "2", "--examples", "8", "--naive-examples", "2"]
+    assert bench.main([*(["--quick"] if quick else []), *sizes, "--data", str(data), "--out", str(out)]) == 0
     R = json.loads(out.read_text())
-    assert R["args"]["repeats"] == 2 and R["args"]["input_size"] == 64
-    for key in ("pipeline_runs", "bare_runs", "pooled_runs"):
+    assert R["args"]["repeats"] == 2 and R["args"]["input_size"] == (64 if quick else 224)
+    for key in ("pipeline_runs", "bare_runs", *(() if quick else ("pooled_runs",))):
         assert [c["examples"] for c in R[key]] == [8, 8], key
     segments = [c["spec"]["data"] for c in R["naive_runs"]]
     assert len(set(segments)) == 2 and [c["examples"] for c in R["naive_runs"]] == [1, 1]
     for kind in ("matched_runs", "matched_int8_runs"):  # each round's matched runs had its naive run's segment
         assert [c["spec"]["data"] for c in R[kind]] == segments and [c["examples"] for c in R[kind]] == [1, 1]
-        assert all(c["spec"]["input_size"] == 64 for c in R[kind])
+        assert all(c["spec"]["input_size"] == R["args"]["input_size"] for c in R[kind])
     assert R["naive"]["examples"] == 2 and R["naive"]["maps"] == 144 and R["naive"]["bytes"] == 2000
     assert R["naive"]["seconds"] == {"forward": 2.0, "cnn": 4.0}  # the segments' clocks added up
     assert R["matched"]["examples"] == R["matched_int8"]["examples"] == 2 and R["matched"]["wall"] == 2.0
     fidelity = next(c for c in calls if c["case"] == "fidelity")
     assert fidelity["a"] == R["matched"]["run_dirs"] and fidelity["b"] == R["matched_int8"]["run_dirs"]
-    assert R["pipeline_4x"]["examples"] == 32 and R["defaults_small"]["examples"] == 2
+    assert R["defaults_small"]["examples"] == 2
+    if quick:
+        assert not {"pooled_runs", "pooled", "pipeline_4x", "workers"} & set(R)
+        assert [c["n"] for c in calls if c["case"] == "fit"] == [2000]
+    else:
+        assert R["pipeline_4x"]["examples"] == 32 and [c["examples"] for c in R["pooled_runs"]] == [8, 8]
+        assert [c["spec"]["workers"] for c in R["workers"]] == [1, 2]
+        assert [c["n"] for c in calls if c["case"] == "fit"] == [10000, 100000, 1000000]
 
 
 def test_job_level_job_file_follows_the_protocol(tmp_path):
@@ -208,9 +216,11 @@ def test_job_level_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
 def test_forward_ratio_benchmark_smoke(tmp_path):
-    """python -m benchmarks.forward_ratio at 3 questions: the job and both bare forwards (each before and
-    after it) run on the same questions, the ratios are bare / job, and the phases are printed; --forwards
-    eager runs that one alone; --in-process times the three cases in one process."""
+    """python -m benchmarks.forward_ratio at 3 questions, --forwards eager: the job and the bare eager forward
+    (before and after it, in its own process) run on the same questions, the ratio is bare / job, the phases
+    are printed, and the sdpa forward is left out; --in-process times the bare eager and SDPA forwards and the
+    blocked capture in one process. Which forwards run when (both by default) and their ratios:
+    tests/unit/test_bench_report.py, with stand-ins for the processes."""
 
     def bench(*args):
         return subprocess.run(
@@ -223,22 +233,16 @@ def test_forward_ratio_benchmark_smoke(tmp_path):
         )
 
     out = tmp_path / "ratio.json"
-    p = bench("--set", "cluster.k_sweep=null", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
-    R = json.loads(out.read_text())
-    assert R["job"]["examples"] == 3
-    for att in ("eager", "sdpa"):
-        runs = R["bare"][att]
-        assert len(runs) == 2 and all(r["examples"] == 3 for r in runs)
-        mean = sum(r["seconds"] for r in runs) / 2
-        assert R["ratios"][att] == pytest.approx(mean / R["job"]["wall"])
-    assert "| worker start (LocalCluster) |" in p.stdout and "cluster.k_sweep=null" in p.stdout
-    # --forwards eager: the eager forward alone beside the job (a long run's time halved)
     p = bench("--set", "cluster.k_sweep=null", "--forwards", "eager", "--out", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     R = json.loads(out.read_text())
-    assert set(R["bare"]) == set(R["ratios"]) == {"eager"} and len(R["bare"]["eager"]) == 2
-    assert "| bare eager forward" in p.stdout and "| bare sdpa forward" not in p.stdout
+    assert R["job"]["examples"] == 3 and R["job"]["maps"] == 3 * 72
+    assert set(R["bare"]) == set(R["ratios"]) == {"eager"}
+    runs = R["bare"]["eager"]
+    assert len(runs) == 2 and all(r["examples"] == 3 and r["seconds"] > 0 for r in runs)
+    assert R["ratios"]["eager"] == pytest.approx(sum(r["seconds"] for r in runs) / 2 / R["job"]["wall"])
+    assert "| bare eager forward (before, after: " in p.stdout and "| bare sdpa forward" not in p.stdout
+    assert "| worker start (LocalCluster) |" in p.stdout and "cluster.k_sweep=null" in p.stdout
     p = bench("--in-process")
     assert p.returncode == 0, p.stderr[-3000:]
     assert all(f"| {case} |" in p.stdout for case in ("bare eager", "bare sdpa", "blocked capture"))
