@@ -295,10 +295,16 @@ share of its own sampled maps (each model's column sums to 100%).</p>
 def _exports_section(a: dict) -> str:
     ex = a["doc"].get("kv_exports") or {}
     runs = a["doc"].get("runs") or sorted(set(a["heads"]["run"]))
-    rows = [[esc(r), f"<code>{esc(ex[r])}</code>" if r in ex else "<span class=note>none</span>"] for r in runs]
+    rows = [
+        [esc(r), f'<a href="{esc(ex[r])}/exports.json"><code>{esc(ex[r])}</code></a>']
+        if r in ex
+        else [esc(r), "<span class=note>none</span>"]
+        for r in runs
+    ]
     return f"""<section id="kv-exports"><h2>KV exports</h2>
-<p class="note">Where each run's per-head KV-cache exports are (the run's head_classes/ folder with its
-exports.json), for a KV-cache or pruning tool; "none": the run wrote none.</p>
+<p class="note">Where each run's per-head KV-cache exports are, relative to this folder (the run's head_classes/
+folder; the link opens its exports.json, which says how to load each file), for a KV-cache or pruning tool;
+"none": the run wrote none (an encoder, or classes that do not apply).</p>
 {_table(["run", "exports"], rows, numeric_from=2)}
 </section>"""
 

@@ -15,7 +15,8 @@ every run's store and head_classes.json read once, so time and memory grow linea
 - ``maps.parquet`` and ``clusters.json``: one clustering of a sample of every run's maps together (the same
   number from each run, their stored embeddings: runs of one embedder only), so that a cluster means the same in
   every model; per cluster, each model's share of its sampled maps and the cluster's mean relative depth;
-- ``atlas.json``: what was merged, what was left out and why (a run not done), and where each run's KV exports are;
+- ``atlas.json``: what was merged, what was left out and why (a run not done), and where each run's KV exports are
+  (relative to the atlas folder);
 - ``report.html`` and ``explorer.html``: the atlas's static report and interactive explorer, written from the files
   above alone (:mod:`rapids_attn.campaign.atlas_report`).
 """
@@ -23,6 +24,7 @@ every run's store and head_classes.json read once, so time and memory grow linea
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -151,8 +153,8 @@ def merge(
     map_rows, clusters = _joint_clusters(done, stores, maps_per_run, n_clusters, seed)
     if map_rows:
         say(f"atlas: clustered {len(map_rows['model']):,} maps of {len(done)} runs together")
-    exports = {
-        r.label: str(r.run_dir / "head_classes")
+    exports = {  # relative to the atlas folder: the atlas names no absolute path (it is shared and copied)
+        r.label: os.path.relpath(r.run_dir / "head_classes", c.out / FOLDER)
         for r in done
         if (r.run_dir / "head_classes" / "exports.json").is_file()
     }

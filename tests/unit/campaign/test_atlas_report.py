@@ -113,7 +113,7 @@ def atlas(tmp_path):
         "left_out": LEFT_OUT,
         "reference": "a",
         "heads": sum(nl * nh for nl, nh in SHAPES.values()),
-        "kv_exports": {"b/docs": "/x/runs/b/docs/head_classes"},
+        "kv_exports": {"b/docs": "../runs/b/docs/head_classes"},
         "joint_clusters": {k: v for k, v in clusters.items() if k != "clusters"},
         "files": [],
     }
@@ -194,7 +194,8 @@ def test_the_report_counts_the_classes_names_the_left_out_and_summarises_the_mat
         "60.0%",
     ]
     ex = {r[0]: r[1] for r in _tables(html)["kv-exports"][0][1:]}
-    assert ex == {"a/docs": "none", "b/docs": "/x/runs/b/docs/head_classes", "c/docs": "none"}
+    assert ex == {"a/docs": "none", "b/docs": "../runs/b/docs/head_classes", "c/docs": "none"}
+    assert '<a href="../runs/b/docs/head_classes/exports.json">' in html
     assert "<script" not in html and 'href="explorer.html"' in html
 
 
@@ -261,7 +262,12 @@ def test_a_merge_writes_the_pages_inside_its_staging_folder(planted, monkeypatch
         merge(c, say=lambda s: None, maps_per_run=50, n_clusters=2)
     assert not (c.out / FOLDER).exists() and not list(c.out.glob(f".{FOLDER}.tmp-*"))
     monkeypatch.setattr(atlas_report, "write_report", real)
+    # a run that wrote KV exports is named relative to the atlas folder (the atlas is shared: no absolute path)
+    exported = c.runs[0].run_dir / "head_classes"
+    exported.mkdir()
+    (exported / "exports.json").write_text("{}")
     doc = merge(c, say=lambda s: None, maps_per_run=50, n_clusters=2)
+    assert doc["kv_exports"] == {c.runs[0].label: f"../runs/{c.runs[0].label}/head_classes"}
     atlas = c.out / FOLDER
     assert {REPORT, EXPLORER} <= set(doc["files"]) and set(doc["files"]) <= {p.name for p in atlas.iterdir()}
     assert json.loads((atlas / "atlas.json").read_text())["files"] == doc["files"]
