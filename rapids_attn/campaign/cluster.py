@@ -381,6 +381,28 @@ def check_workers(client, gpus: int) -> dict[str, int]:
     return shares
 
 
+def failed_record(c: Campaign, r: Run, error: str) -> None:
+    """The record of a run whose Dask task failed outside its run (a lost worker, a refusal before ``run_task``
+    began), written from here so that ``status`` says failed, with why, rather than pending or interrupted."""
+    from rapids_attn.campaign.tasks import _write_record, read_record
+
+    rec = read_record(c, r) or {}
+    _write_record(
+        c,
+        r,
+        {
+            **rec,
+            "index": r.index,
+            "label": r.label,
+            "run_dir": str(r.run_dir),
+            "spec": r.spec_hash,
+            "mode": "dask",
+            "rc": rec.get("rc") if rec.get("rc") not in (None, 0) else -1,
+            "error": rec.get("error") or f"its Dask task failed: {error}",
+        },
+    )
+
+
 def run_on_cluster(c: Campaign, indices: list[int] | None, target: Target, force: bool = False, say=print) -> list:
     """The runs ``indices`` (all: None) as Dask tasks on ``target``'s cluster, one per worker at a time; each line
     as it ends (with the worker that ran it); their states in index order."""
@@ -417,6 +439,7 @@ def run_on_cluster(c: Campaign, indices: list[int] | None, target: Target, force
                     st, worker = fut.result()
                 except Exception as e:  # noqa: BLE001 - a lost worker, a worker-side refusal: this run's failure
                     st, worker = TaskState(r, FAILED, f"{type(e).__name__}: {e}".splitlines()[0][:400]), "?"
+                    failed_record(c, r, st.detail)
                 states[r.index] = st
                 say(
                     f"[{r.index + 1}/{len(c.runs)}] {r.label}: {st.state}{': ' + st.detail if st.detail else ''} "

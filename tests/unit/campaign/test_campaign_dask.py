@@ -128,6 +128,29 @@ def test_runs_share_a_joined_cluster_one_per_worker(tmp_path, monkeypatch, capsy
     assert [s[0] for s in fake.seen] == [str(c.runs[2].run_dir)]
 
 
+def test_a_task_that_fails_before_its_run_is_recorded_failed(tmp_path, monkeypatch, capsys):
+    """A run whose Dask task fails on its worker before run_task starts (here its allotment raises) is reported
+    and recorded failed, with why, so status does not call it pending; the other run finishes."""
+    from distributed import LocalCluster
+
+    path = _campaign(tmp_path, [{"name": "a", "label": "ok"}, {"name": "a", "label": "lost"}])
+    monkeypatch.setattr(tasks, "subprocess", FakeRuns())
+    real = dask_mode.allotment
+
+    def allotment(job, r, *args):
+        if r.label.startswith("lost/"):
+            raise RuntimeError("no GPU group for this worker")
+        return real(job, r, *args)
+
+    monkeypatch.setattr(dask_mode, "allotment", allotment)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cl:
+        assert main([str(path), "run", "--dask", cl.scheduler_address, "--plain-tcp"]) == 1
+    assert "lost/data: failed: RuntimeError: no GPU group for this worker" in capsys.readouterr().out
+    st = _status(capsys, path)
+    assert st["ok/data"]["state"] == "done" and st["lost/data"]["state"] == "failed"
+    assert st["lost/data"]["detail"] == "its Dask task failed: RuntimeError: no GPU group for this worker"
+
+
 def test_a_local_cluster_runs_a_real_tiny_run(tmp_path, tiny_gpt2_dir):
     """``local:2`` (threads here; worker processes from the CLI): a real run of a tiny model, its record naming the
     worker and the allotment (the worker's share of the CPUs); the failures are the stubbed test's."""
