@@ -311,7 +311,7 @@ folder; the link opens its exports.json, which says how to load each file), for 
 
 def render_report(a: dict, explorer: bool = True) -> str:
     """report.html's text from :func:`read_atlas`'s content."""
-    from rapids_attn.explain.report import CSS
+    from rapids_attn.explain.report import page
 
     doc, heads = a["doc"], a["heads"]
     title = f"Campaign atlas: {doc.get('campaign') or 'campaign'}"
@@ -331,25 +331,22 @@ def render_report(a: dict, explorer: bool = True) -> str:
     if explorer:
         nav_html += f'<a href="{EXPLORER}"><b>Interactive explorer</b></a>'
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{esc(title)}</title>
-<style>{CSS}</style></head>
-<body><main>
-<h1>{esc(title)}</h1>
-<p class="sub">{esc(sub)}</p>
-<nav>{nav_html}</nav>
-{_runs_section(a)}
-{_model_class_section(a)}
-{_families_section(a)}
-{_matches_section(a)}
-{_clusters_section(a)}
-{_exports_section(a)}
-<footer>Written by rapids_attn on {esc(now)} from the atlas folder's files (python -m rapids_attn.campaign ... merge).
-Static page: no scripts, no external resources.</footer>
-</main></body></html>
-"""
+    body = "\n".join(
+        f(a)
+        for f in (
+            _runs_section,
+            _model_class_section,
+            _families_section,
+            _matches_section,
+            _clusters_section,
+            _exports_section,
+        )
+    )
+    footer = (
+        f"Written by rapids_attn on {esc(now)} from the atlas folder's files (python -m rapids_attn.campaign ... "
+        "merge).\nStatic page: no scripts, no external resources."
+    )
+    return page(title, sub, nav_html, body, footer)
 
 
 # ---------------------------------------------------------------------------------------------

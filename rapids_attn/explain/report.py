@@ -192,16 +192,7 @@ def render_html(
         cluster_section(k, c, findings, figs, colors, headviews, report_dir, no_thumbs) for k, c in enumerate(clusters)
     )
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{esc(title)}</title>
-<style>{CSS}</style></head>
-<body><main>
-<h1>{esc(title)}</h1>
-<p class="sub">{esc(sub)}</p>
-<nav>{nav_html}</nav>
-{warnings_section(findings.warnings)}
+    body = f"""{warnings_section(findings.warnings)}
 {overview_section(overview)}
 {map_section(figs)}
 {heads_section(figs)}
@@ -215,8 +206,30 @@ most of the cluster.</p>
 {sections}
 </section>
 {metadata_section(findings.metadata)}
-{k_sweep_section(findings, figs)}
-<footer>Written by rapids_attn on {esc(now)}. Static page: no scripts, no external resources.</footer>
+{k_sweep_section(findings, figs)}"""
+    return page(
+        title,
+        sub,
+        nav_html,
+        body,
+        f"Written by rapids_attn on {esc(now)}. Static page: no scripts, no external resources.",
+    )
+
+
+def page(title: str, sub: str, nav_html: str, body: str, footer: str) -> str:
+    """A static report page: the house CSS inline, a title, a subtitle, the section links (``nav_html``), the
+    sections (``body``) and a footer (both HTML); shared by the run's report and the campaign atlas's."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)}</title>
+<style>{CSS}</style></head>
+<body><main>
+<h1>{esc(title)}</h1>
+<p class="sub">{esc(sub)}</p>
+<nav>{nav_html}</nav>
+{body}
+<footer>{footer}</footer>
 </main></body></html>
 """
 
