@@ -29,7 +29,7 @@ SHAPES = ((12, 12), (24, 16), (32, 32))
 def plant(root: Path, models: int, examples: int) -> Path:
     from benchmarks.kv_heads import plant as plant_store
     from rapids_attn.campaign.plan import load_campaign
-    from rapids_attn.campaign.tasks import _write_record
+    from rapids_attn.campaign.tasks import write_record
     from rapids_attn.store import schema as S
 
     job = root / "job.yaml"
@@ -59,7 +59,7 @@ def plant(root: Path, models: int, examples: int) -> Path:
         ]
         (r.run_dir / "head_classes.json").write_text(json.dumps({"heads": heads}))
         (r.run_dir / "summary.json").write_text("{}")
-        _write_record(c, r, {"index": r.index, "spec": r.spec_hash, "rc": 0, "seconds": 1.0})
+        write_record(c, r, {"index": r.index, "spec": r.spec_hash, "rc": 0, "seconds": 1.0})
     return path
 
 

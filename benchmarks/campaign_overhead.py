@@ -121,7 +121,7 @@ def one_repeat(root: Path, i: int, job: Path, model: Path) -> dict:
 def status_time(root: Path, records: int) -> dict:
     """``status`` over ``records`` planted, finished runs: the command's wall clock, and reading the states."""
     from rapids_attn.campaign.plan import load_campaign
-    from rapids_attn.campaign.tasks import _write_record, state_of
+    from rapids_attn.campaign.tasks import state_of, write_record
 
     root.mkdir()
     (root / "job.yaml").write_text(yaml.safe_dump({"name": "x", "data": {"path": "x.jsonl"}, "model": {"name": "x"}}))
@@ -132,7 +132,7 @@ def status_time(root: Path, records: int) -> dict:
     for r in c.runs:
         r.run_dir.mkdir(parents=True)
         (r.run_dir / "summary.json").write_text("{}")
-        _write_record(c, r, {"index": r.index, "spec": r.spec_hash, "rc": 0, "seconds": 1.0, "host": "h"})
+        write_record(c, r, {"index": r.index, "spec": r.spec_hash, "rc": 0, "seconds": 1.0, "host": "h"})
     t0 = time.perf_counter()
     c = load_campaign(path, validate_jobs=False)
     states = [state_of(c, r) for r in c.runs]

@@ -384,10 +384,10 @@ def check_workers(client, gpus: int) -> dict[str, int]:
 def failed_record(c: Campaign, r: Run, error: str) -> None:
     """The record of a run whose Dask task failed outside its run (a lost worker, a refusal before ``run_task``
     began), written from here so that ``status`` says failed, with why, rather than pending or interrupted."""
-    from rapids_attn.campaign.tasks import _write_record, read_record
+    from rapids_attn.campaign.tasks import read_record, write_record
 
     rec = read_record(c, r) or {}
-    _write_record(
+    write_record(
         c,
         r,
         {

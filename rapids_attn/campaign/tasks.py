@@ -48,7 +48,7 @@ def read_record(c: Campaign, r: Run) -> dict | None:
         return None
 
 
-def _write_record(c: Campaign, r: Run, rec: dict) -> None:
+def write_record(c: Campaign, r: Run, rec: dict) -> None:
     path = record_path(c, r)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -131,7 +131,7 @@ def run_task(
         rec["overrides_added"] = list(overrides)
     if env:
         rec["env"] = dict(env)
-    _write_record(c, r, rec)
+    write_record(c, r, rec)
     cmd = [sys.executable, "-m", "rapids_attn.run", str(c.job)]
     for o in (*r.overrides, *overrides):
         cmd += ["--set", o]
@@ -152,7 +152,7 @@ def run_task(
         finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
         error=_error_line(log) if rc else "",
     )
-    _write_record(c, r, rec)
+    write_record(c, r, rec)
     return state_of(c, r)
 
 
