@@ -323,8 +323,6 @@ def worker_gpu_id() -> str | None:
     """NVIDIA's name of the GPU this process runs on (None without CUDA), ``GPU-<uuid>`` or, on a MIG slice,
     ``MIG-<uuid>`` (:func:`nvidia_gpu_name`); run on each worker."""
     try:
-        import os
-
         import torch
 
         if not torch.cuda.is_available():
@@ -386,7 +384,6 @@ def empty_device_cache() -> None:
 
 def machine_description() -> dict:
     """The job process's host, Python, PyTorch and GPUs, for summary.json."""
-    import os
     import platform
 
     info = {"host": platform.node(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
