@@ -30,6 +30,40 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+#: the most worker processes a whole-suite run starts (each imports torch and may start a Dask cluster of its own)
+MAX_TEST_WORKERS = 4
+
+
+def test_workers(cpus: int | None = None) -> int:
+    """How many pytest-xdist workers a run of the whole suite or a tier takes: ``RAPIDS_ATTN_TEST_WORKERS`` when
+    set (0: one process, as a plain pytest), else one per core up to :data:`MAX_TEST_WORKERS`."""
+    if os.environ.get("RAPIDS_ATTN_TEST_WORKERS", "").strip():
+        return int(os.environ["RAPIDS_ATTN_TEST_WORKERS"])
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, MAX_TEST_WORKERS))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A run of the whole suite or a tier (no paths named: pyproject's testpaths) runs on every core, a test module
+    to a worker (``--dist loadscope``: a module's shared job is built once). A run that names paths, asks for
+    ``-n`` itself, or debugs (``--pdb``) stays as asked; ``-p no:xdist`` or ``RAPIDS_ATTN_TEST_WORKERS=0`` runs the
+    suite in one process."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is not None or config.getoption("usepdb", False):
+        return
+    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.collectonly:
+        return
+    n = test_workers()
+    if n > 1:
+        config.option.numprocesses = n
+        if config.option.dist == "no":
+            config.option.dist = "loadscope"
+            config.option.loadscopereorder = False  # the modules in the order collection gives them: longest first
+
+
 def _cuda_visible() -> bool:
     try:
         import torch
@@ -46,7 +80,21 @@ if not _cuda_visible():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _longest_first(items) -> None:
+    """The modules whose tests declare the longest budgets first (a stable sort: each module's tests keep their
+    order), so that on several workers the long whole-job tests start at once and the short unit tests fill in
+    after them, rather than one long test running alone at the end."""
+    from timebudget import declared_seconds
+
+    cost: dict = {}
+    for item in items:
+        cost[item.path] = cost.get(item.path, 0.0) + declared_seconds(item)
+    items.sort(key=lambda item: -cost[item.path])
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_first(items)
     if _cuda_visible():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; none is visible")

@@ -15,6 +15,7 @@ from helpers import REPO, SHARED_SQUAD
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+@pytest.mark.budget(200, reason="every benchmark case once, each in a process of its own that loads MiniLM (about ten)")
 def test_quick_benchmark_runs_every_case(tmp_path):
     """Every case in its own process, once, at --quick's sizes (one round of 2 examples, the capture cases' batch
     of 8). How rounds deal the naive and matched cases their segments and add them up is
@@ -190,6 +191,7 @@ def test_job_level_extrapolates_from_the_fixed_cost_and_the_per_question_rate():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+@pytest.mark.budget(60, reason="a whole job and the prior pipeline's baseline, each a process of its own")
 def test_job_level_benchmark_smoke(tmp_path):
     """python -m benchmarks.job_level at tiny sizes: the job and the baseline both run, on the same
     sampled questions, and a baseline on fewer questions is reported as extrapolated."""
@@ -215,6 +217,9 @@ def test_job_level_benchmark_smoke(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason="needs ../shared/data/squad-v2-dev-half.json")
+@pytest.mark.budget(
+    100, reason="the job and two bare forwards, each a process of its own, then the in-process forwards"
+)
 def test_forward_ratio_benchmark_smoke(tmp_path):
     """python -m benchmarks.forward_ratio at 3 questions, --forwards eager: the job and the bare eager forward
     (before and after it, in its own process) run on the same questions, the ratio is bare / job, the phases
@@ -290,6 +295,7 @@ def test_heads_benchmark_refuses_a_missing_model_in_one_line(tmp_path, capsys, m
 
 
 @pytest.mark.slow
+@pytest.mark.budget(50, reason="the long-context benchmark's four capture paths in a process of its own")
 def test_long_context_benchmark_smoke():
     """python -m benchmarks.long_context at one short length: a row of numbers for all four paths, exit 0."""
     out = subprocess.run(

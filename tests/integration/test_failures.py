@@ -113,6 +113,7 @@ def worker_fault(tmp_path: Path, body: str) -> dict:
     ],
     ids=["ctrl-c", "sigterm-group", "sigterm-pid"],
 )
+@pytest.mark.budget(45, reason="a job through the CLI, stopped by a signal")
 def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_bert_dir, sig, to_group, code, line):
     job = process_job(tmp_path, tiny_bert_dir, n=120, shard_size=1)
     store = tmp_path / "run" / "store.zarr"
@@ -149,6 +150,7 @@ def test_an_interrupted_run_prints_one_line_and_keeps_its_shards(tmp_path, tiny_
 
 
 @pytest.mark.slow
+@pytest.mark.budget(45, reason="a job through the CLI on a worker process that fails")
 def test_a_user_error_on_a_worker_is_one_line_without_distributed_logs(tmp_path, tiny_bert_dir):
     job = process_job(tmp_path, tiny_bert_dir)
     env = worker_fault(
@@ -172,6 +174,7 @@ def test_a_user_error_on_a_worker_is_one_line_without_distributed_logs(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.budget(45, reason="a job through the CLI on a worker process that fails")
 def test_an_internal_error_on_a_worker_keeps_its_traceback_without_distributed_logs(tmp_path, tiny_bert_dir):
     job = process_job(tmp_path, tiny_bert_dir)
     env = worker_fault(
@@ -191,6 +194,7 @@ def test_an_internal_error_on_a_worker_keeps_its_traceback_without_distributed_l
 
 
 @pytest.mark.slow
+@pytest.mark.budget(45, reason="a job through the CLI on a worker process whose disk fills")
 def test_a_full_disk_on_a_worker_is_one_line_naming_the_store(tmp_path, tiny_bert_dir):
     """A worker process's write fails with ENOSPC from its second shard on; distributed re-raises it in the
     job process, which names the store and says that rerunning resumes. The rerun does."""

@@ -33,7 +33,12 @@ from helpers import Hold, held_after_first_shard, make_job, pair_rows, write_jso
 
 from rapids_attn.store import schema as S
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.budget(
+        60, reason="a real job started, struck mid-extraction and resumed, each run a process of its own"
+    ),
+]
 
 N_EXAMPLES = 24
 RUN_TIMEOUT = 300

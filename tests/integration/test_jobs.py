@@ -54,6 +54,9 @@ def test_every_example_job_validates(job):
 
 
 @pytest.mark.slow
+@pytest.mark.budget(
+    170, reason="the README's quickstart as a user runs it, on two worker processes, then once more to resume"
+)
 def test_quickstart_end_to_end(tmp_path):
     r = run_cli(REPO / "jobs" / "quickstart.yaml", "--set", f"output.dir={tmp_path / 'qs'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -86,6 +89,9 @@ def test_quickstart_end_to_end(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
+@pytest.mark.budget(
+    170, reason="500 real questions on two worker processes: the learn stage's sampled paths need over 5,000 maps"
+)
 def test_squad_v2_half_500_questions_on_two_workers(tmp_path):
     """The quickstart job over 500 real SQuAD questions on two worker processes, as a user's first real run.
     What it proves, and why 500: the real data file read and sampled (labels answerable and impossible, many
@@ -119,6 +125,9 @@ def test_squad_v2_half_500_questions_on_two_workers(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
+@pytest.mark.budget(
+    160, reason="every stage of the findings job through the CLI, each at the smallest size that runs it"
+)
 def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
     """jobs/findings_minilm.yaml at a small size: pattern-cnn embedder, repeated-token probes,
     group-balanced fit; the induction detector is defined on the probes and the report names it."""
@@ -160,6 +169,7 @@ def test_findings_job_with_pattern_cnn_and_probes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.budget(80, reason="a whole job on two worker processes, each reading its own rows of the file")
 def test_parquet_job_workers_read_their_own_rows(tmp_path):
     """The quickstart's questions as a Parquet file (small row groups) on two worker processes: each worker reads
     its shards' rows from the file, and the store's ids, groups and labels are the file's, row for row."""
@@ -207,6 +217,7 @@ def test_parquet_job_workers_read_their_own_rows(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"{SHARED_SQUAD} not present")
+@pytest.mark.budget(40, reason="whole SQuAD articles, 2,048 tokens each, through the blocked capture in a job")
 def test_long_documents_job_on_a_small_decoder(tmp_path):
     """jobs/long_documents.yaml with a local random-weight Llama (4 query heads on 2 key heads, 4,096 positions)
     in place of the hub model: whole SQuAD articles as inputs past the old 1,024-token cap, the blocked capture,

@@ -83,6 +83,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.budget(100, reason="a TLS scheduler, a worker and the job, started as the docs' commands start them")
 def test_the_documented_multi_node_commands_run_a_job_over_tls(tmp_path):
     lines = documented_commands()
     starts = [

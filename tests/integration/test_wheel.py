@@ -177,6 +177,7 @@ def test_rapids_attn_imports_from_the_wheel_not_the_checkout(installed, tmp_path
     assert missing == "None None None"
 
 
+@pytest.mark.budget(90, reason="the real quickstart job on the installed wheel")
 def test_quickstart_job_copied_anywhere_runs_on_the_wheel(installed, tmp_path):
     """The real quickstart: a copy of jobs/quickstart.yaml, its presets and data from the wheel."""
     work = tmp_path / "elsewhere"
@@ -214,6 +215,7 @@ def test_quickstart_job_copied_anywhere_runs_on_the_wheel(installed, tmp_path):
     assert p.stdout.split() == ["(6,", "12)", "46"]
 
 
+@pytest.mark.budget(40, reason="a job through the CLI on the installed wheel")
 def test_job_extends_builtin_presets_and_its_own_configs_folder(installed, tmp_path):
     """A project folder with its own configs/ (found from jobs/, one level down) and its own data,
     named by a relative path in its preset; built-in presets for the model, embedder and clusterer.

@@ -377,6 +377,7 @@ def test_learn_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_
 
 
 @pytest.mark.slow  # UMAP: numba compiles it on first use, 40 s or more in a fresh process (test_fit's UMAP test too)
+@pytest.mark.budget(60, reason="numba compiles UMAP on its first use in a process")
 def test_density_settings_at_the_bounds_run(tmp_path, capsys, tiny_bert_dir, pair_data):
     """The largest neighbourhoods preflight allows on 80 maps (UMAP 79 neighbours, HDBSCAN min_samples 80 and
     clusters of 40) fit without an error."""

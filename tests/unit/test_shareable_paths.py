@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from helpers import FULL_REPORT, make_job, write_squad
 
@@ -31,6 +32,9 @@ def _leaks(path, needles: list[str]) -> list[str]:
     return [n for n in needles if n in text]
 
 
+@pytest.mark.budget(
+    40, reason="a fine-tune with a control seed, the compare stage and the full report: every output a user shares"
+)
 def test_shareable_outputs_name_no_absolute_path(tmp_path, tiny_bert_dir):
     from tools.correctness import main as correctness
 

@@ -49,6 +49,7 @@ def _status(capsys, path):
     return {s["run"]: s for s in json.loads(capsys.readouterr().out)}
 
 
+@pytest.mark.budget(70, reason="three runs of a campaign, each a process of its own, then a resume and the atlas")
 def test_a_campaign_runs_resumes_and_reports(campaign, capsys):
     path, doc = campaign
     c = load_campaign(path)

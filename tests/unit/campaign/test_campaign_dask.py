@@ -151,6 +151,7 @@ def test_a_task_that_fails_before_its_run_is_recorded_failed(tmp_path, monkeypat
     assert st["lost/data"]["detail"] == "its Dask task failed: RuntimeError: no GPU group for this worker"
 
 
+@pytest.mark.budget(35, reason="a Dask cluster running a real run of a tiny model through the CLI")
 def test_a_local_cluster_runs_a_real_tiny_run(tmp_path, tiny_gpt2_dir):
     """``local:2`` (threads here; worker processes from the CLI): a real run of a tiny model, its record naming the
     worker and the allotment (the worker's share of the CPUs); the failures are the stubbed test's."""

@@ -65,6 +65,7 @@ def test_a_model_compared_with_itself_changes_nothing(tmp_path, tiny_bert_dir):
     assert (cfg.run_dir / "models" / compared["label"] / "store.zarr").is_dir()
 
 
+@pytest.mark.budget(30, reason="a fine-tune, the compare and heads stages and the full report in one job")
 def test_finetune_then_compare_with_its_base(tmp_path, tiny_bert_dir):
     from transformers import AutoModelForQuestionAnswering
 
@@ -242,6 +243,9 @@ def test_a_copy_with_one_heads_query_changed_ranks_that_head_first(tmp_path, tin
         assert row["jsd"] == [0.0, 0.0, 0.0] and row["cosine"] == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.budget(
+    60, reason="four tiny fine-tunes (seeds 0, 1 and 2, and shuffled labels) and every comparison the noise floor needs"
+)
 def test_control_seeds_give_a_noise_floor_and_heads_called_changed_above_it(tmp_path, tiny_bert_dir):
     """Three fine-tunes (training seeds 0, 1, 2) and a shuffled-label control: each its own folder, the split and the
     data the same; the compare stage measures every pair the floor needs and calls heads changed above it."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from timebudget import budget
 
 from rapids_attn.finetune import checkpoints
 
@@ -35,6 +36,7 @@ def _weights(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
+@budget(90, "13 tiny fine-tunes in forked processes: a strike and a resume at each of six points, and one whole run")
 def struck(tmp_path_factory) -> Path:
     """Every point's strike and rerun, and an uninterrupted run, by one driver process whose forked children all
     start alike (strike_checkpoint.py): torch's threads, and so the order of its sums, are a process's own, and

@@ -48,6 +48,7 @@ def test_density_methods_assign_every_map(tmp_path, method, params):
 
 
 @pytest.mark.slow  # numba compiles UMAP on its first use: 40 s or more in a fresh process, 137 s on a loaded host
+@pytest.mark.budget(60, reason="numba compiles UMAP on its first use in a process")
 def test_umap_coordinates(tmp_path):
     g, truth = planted_store(tmp_path)
     info = learn(g, **{"reduce.umap.enabled": True, "reduce.umap.n_neighbors": 10})
