@@ -48,11 +48,14 @@ def test_workers(cpus: int | None = None) -> int:
 def pytest_cmdline_main(config):
     """A run of the whole suite or a tier (no paths named: pyproject's testpaths) runs on every core, a test module
     to a worker (``--dist loadscope``: a module's shared job is built once). A run that names paths, asks for
-    ``-n`` itself, or debugs (``--pdb``) stays as asked; ``-p no:xdist`` or ``RAPIDS_ATTN_TEST_WORKERS=0`` runs the
+    ``-n`` itself, debugs (``--pdb``) or measures coverage (``--cov``, which takes ``-n`` only from the command
+    line) stays as asked; ``-p no:xdist`` or ``RAPIDS_ATTN_TEST_WORKERS=0`` runs the
     suite in one process."""
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     if config.option.numprocesses is not None or config.getoption("usepdb", False):
+        return
+    if getattr(config.option, "cov_source", None) is not None:  # pytest-cov set itself up before this hook: -n N
         return
     if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.collectonly:
         return
