@@ -50,8 +50,7 @@ def pytest_cmdline_main(config):
     """A run of the whole suite or a tier (no paths named: pyproject's testpaths) runs on every core, a test module
     to a worker (``--dist loadscope``: a module's shared job is built once). A run that names paths, asks for
     ``-n`` itself, debugs (``--pdb``) or measures coverage (``--cov``, which takes ``-n`` only from the command
-    line) stays as asked; ``-p no:xdist`` or ``RAPIDS_ATTN_TEST_WORKERS=0`` runs the
-    suite in one process."""
+    line) stays as asked; ``-p no:xdist`` or ``RAPIDS_ATTN_TEST_WORKERS=0`` runs the suite in one process."""
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     if config.option.numprocesses is not None or config.getoption("usepdb", False):
@@ -89,8 +88,8 @@ def _interpreter_patches_the_language_once_per_launch() -> None:
     function inside it (``InterpretedFunction.__call__``: an ``inspect.getmembers`` over the language each time, and
     those patches are never undone). On MiniLM's 6 x 12 heads that was three quarters of the fused kernel's
     interpreted time, and it made the kernel's tests 8 times faster or slower depending on which test had leaked
-    patches first. Inside a launch the language its module names is patched already, so a device function whose
-    module names no other skips it; the launch's own patching and undoing are as they were. The results are
+    patches first. Inside a launch, a device function whose modules the launch (or an earlier call in it) has
+    patched already skips it; the launch's own patching and undoing are as they were. The results are
     Triton's own, op for op: every fused-kernel test compares them with a PyTorch reference."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return

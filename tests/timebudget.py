@@ -159,8 +159,7 @@ class TimeBudget:
         t = self.tests.setdefault(item.nodeid, _Test())
         t.slow = item.get_closest_marker("slow") is not None
         if mark is not None:
-            seconds, t.reason = _marked(mark)
-            t.budget = float(seconds)
+            t.budget, t.reason = declared_seconds(item), _marked(mark)[1]
         self.current = item.nodeid
         try:
             return (yield)
@@ -228,7 +227,7 @@ class TimeBudget:
     def tiers(self) -> dict:
         out = {}
         for name, slow in (("fast", False), ("slow", True)):
-            tests = [n for n, t in self.tests.items() if t.slow is slow]
+            tests = {n for n, t in self.tests.items() if t.slow is slow}
             fixtures = sum(x.seconds for x in self.fixtures.values() if x.first_test in tests)
             own = sum(self.tests[n].own for n in tests)
             out[name] = {
